@@ -1,0 +1,147 @@
+"""Shared CLI pieces: option aliases, input expansion, output planning, errors, progress."""
+from __future__ import annotations
+
+import glob
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..imageio import is_image_path
+
+# Exit codes (docs/cli.md)
+EXIT_OK = 0
+EXIT_FAILED = 1  # one or more inputs could not be processed (the others were)
+EXIT_USAGE = 2  # bad arguments, nothing to do, refused overwrite
+EXIT_WEIGHTS = 3  # checkpoint missing, unreadable or not matching
+
+
+class CLIError(Exception):
+    """A one-line error for the user, with its exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------- option aliases
+Weights = Annotated[Optional[str], typer.Option(
+    "--weights", "-w", help="Checkpoint: bundled name (color, gray), a .safetensors path, or "
+    "hf://owner/repo/file.safetensors@revision. Default: the bundled model for the image's channels.")]
+Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+Tile = Annotated[int, typer.Option("--tile", min=16, help="Tile size in pixels (multiple of 8).")]
+Overlap = Annotated[int, typer.Option("--overlap", min=0, help="Overlap between tiles in pixels.")]
+Batch = Annotated[Optional[int], typer.Option("--batch", min=1, help="Tiles per device batch (default 8 CPU, 64 GPU).")]
+Precision = Annotated[str, typer.Option("--precision", help="fp32, or bf16 autocast (GPU).")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON line per image on stdout.")]
+Force = Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Look into sub-folders of folder inputs.")]
+
+
+def expand_inputs(inputs: list[str], recursive: bool = False) -> list[Path]:
+    """Files, folders (their images, sorted) and glob patterns -> unique image paths."""
+    out: list[Path] = []
+    for spec in inputs:
+        p = Path(spec).expanduser()
+        if p.is_dir():
+            it = p.rglob("*") if recursive else p.iterdir()
+            found = sorted(q for q in it if q.is_file() and is_image_path(q) and not q.name.startswith("."))
+            if not found:
+                raise CLIError(f"no images found in folder {spec}")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        elif any(c in spec for c in "*?["):
+            found = sorted(Path(q) for q in glob.glob(spec, recursive=True) if Path(q).is_file())
+            if not found:
+                raise CLIError(f"no files match {spec!r}")
+            out.extend(found)
+        else:
+            raise CLIError(f"no such file or folder: {spec}")
+    seen, unique = set(), []
+    for p in out:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def plan_outputs(inputs: list[Path], output: Path, suffix: str = ".png", force: bool = False) -> list[Path]:
+    """Where each input's result goes: ``output`` itself for one input with an image suffix,
+    else ``output/<stem><suffix>``.  Refuses input overwrites, stem clashes and (without
+    --force) existing files, before any work is done."""
+    as_file = len(inputs) == 1 and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir()
+    if not as_file and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir():
+        raise CLIError(f"{len(inputs)} inputs need an output folder, not the file name {output}")
+    targets = [output] if as_file else [output / f"{p.stem}{suffix}" for p in inputs]
+    check_targets(inputs, targets, force)
+    return targets
+
+
+def check_targets(inputs: list[Path], targets: list[Path], force: bool) -> None:
+    ins = {p.resolve() for p in inputs}
+    seen: dict[Path, int] = {}
+    for t in targets:
+        r = t.resolve()
+        if r in ins:
+            raise CLIError(f"refusing to overwrite the input {t}; choose another output")
+        if r in seen:
+            raise CLIError(f"two inputs would write the same output {t} (same file stem); run them separately")
+        seen[r] = 1
+        if t.exists() and not force:
+            raise CLIError(f"output exists: {t} (use --force to overwrite)")
+
+
+def emit_json(record: dict) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def progress_bar(total: int, desc: str, quiet: bool):
+    """One tqdm bar on stderr, shown only on a terminal and when there is more than a little work."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="tile", disable=True if quiet else None, leave=False,
+                file=sys.stderr, dynamic_ncols=True)
+
+
+def warn(msg: str) -> None:
+    sys.stderr.write(f"indeed: {msg}\n")
+
+
+class ModelCache:
+    """Loads each checkpoint once; picks the bundled model by channel count when --weights is unset."""
+
+    def __init__(self, weights: str | None, device: str):
+        from ..inference import resolve_device
+        try:
+            self.device = resolve_device(device)
+        except RuntimeError as e:
+            raise CLIError(str(e)) from None
+        self.weights = weights
+        self._loaded: dict = {}
+
+    def get(self, channels: int):
+        from ..checkpoint import CheckpointError, load_checkpoint, resolve_weights
+        try:
+            path = resolve_weights(self.weights, channels)
+            key = str(path.resolve())
+            if key not in self._loaded:
+                self._loaded[key] = load_checkpoint(path, self.device)
+            return self._loaded[key]
+        except CheckpointError as e:
+            raise CLIError(str(e), EXIT_WEIGHTS) from None
+
+
+def inference_options(tile: int, overlap: int, batch, precision: str):
+    from ..inference import InferenceOptions
+    if tile % 8:
+        raise CLIError(f"--tile must be a multiple of 8, got {tile}")
+    if overlap >= tile:
+        raise CLIError(f"--overlap ({overlap}) must be smaller than --tile ({tile})")
+    if precision not in ("fp32", "bf16"):
+        raise CLIError(f"--precision must be fp32 or bf16, got {precision!r}")
+    return InferenceOptions(tile=tile, overlap=overlap, batch=batch, precision=precision)

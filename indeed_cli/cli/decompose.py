@@ -1,0 +1,73 @@
+"""`indeed decompose`: L, S, N and the leaf posteriors of each image, as PNGs, npz and json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from ..imageio import ImageError, atomic_save, atomic_write_via, read_image, to_pil
+from ..inference import decompose, n_tiles
+from ..visualize import panel, viewable
+from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
+                     Recursive, Tile, Weights, CLIError, check_targets, emit_json, expand_inputs,
+                     inference_options, progress_bar, warn)
+
+PNG_MAPS = ("L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S")
+
+
+def outputs_for(out_dir: Path, stem: str, with_panel: bool) -> dict[str, Path]:
+    files = {k: out_dir / f"{stem}_{k}.png" for k in PNG_MAPS}
+    files["npz"] = out_dir / f"{stem}.npz"
+    files["json"] = out_dir / f"{stem}.json"
+    if with_panel:
+        files["panel"] = out_dir / f"{stem}_panel.png"
+    return files
+
+
+def decompose_cmd(
+    inputs: Annotated[list[str], typer.Argument(help="Image files, folders or glob patterns.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output folder.")],
+    with_panel: Annotated[bool, typer.Option("--panel", help="Also write <stem>_panel.png, all maps side by side.")] = False,
+    weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
+    batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
+    quiet: Quiet = False, recursive: Recursive = False,
+) -> None:
+    """Decompose images into low-rank L, sparse S and noise N with their posteriors."""
+    paths = expand_inputs(inputs, recursive)
+    if output.exists() and not output.is_dir():
+        raise CLIError(f"--output must be a folder, and {output} is a file")
+    plans = [outputs_for(output, p.stem, with_panel) for p in paths]
+    check_targets(paths, [f for plan in plans for f in plan.values()], force)
+    opts = inference_options(tile, overlap, batch, precision)
+    models = ModelCache(weights, device)
+    failed = 0
+    for src, files in zip(paths, plans):
+        try:
+            img = read_image(src)
+            ckpt = models.get(img.channels)
+            with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
+                dec = decompose(ckpt, img, opts, progress=bar.update)
+            arrays = dec.in_scale(img.scale)
+            views = viewable({**dec.maps, "N": arrays["N"] / img.scale})
+            for k in PNG_MAPS:
+                atomic_save(to_pil(views[k]), files[k])
+            atomic_write_via(files["npz"], lambda t: np.savez_compressed(open(t, "wb"), **arrays))
+            record = {"image": str(src), "height": img.size[0], "width": img.size[1], "channels": img.channels,
+                      "scale": img.scale, **dec.stats(), "loss_units": "per pixel (per element of Y)",
+                      "weights": ckpt.source, "outputs": {k: str(v) for k, v in files.items()}}
+            if with_panel:
+                atomic_save(panel(dec.Y, views, f"{src.name}  rank index n={record['rank_index']:.0f}"), files["panel"])
+            atomic_write_via(files["json"], lambda t: Path(t).write_text(json.dumps(record, indent=2)))
+        except ImageError as e:
+            failed += 1
+            warn(f"error: {e}")
+            if json_out:
+                emit_json({"image": str(src), "error": str(e)})
+            continue
+        if json_out:
+            emit_json({k: v for k, v in record.items() if k != "rank_index_per_tile"})
+    if failed:
+        raise typer.Exit(EXIT_FAILED)

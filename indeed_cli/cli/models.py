@@ -1,0 +1,28 @@
+"""`indeed models`: bundled and cached checkpoints with their metadata."""
+from __future__ import annotations
+
+import json
+
+import typer
+
+from ..checkpoint import list_checkpoints
+from .common import Json
+
+
+def models_cmd(json_out: Json = False) -> None:
+    """List bundled checkpoints and indeed checkpoints in the Hugging Face cache."""
+    rows = list_checkpoints()
+    if json_out:
+        for r in rows:
+            typer.echo(json.dumps(r))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    table = Table("name", "origin", "task", "channels", "rank", "steps", "val PSNR s25", "MB", "path")
+    for r in rows:
+        t = r.get("training", {})
+        val = t.get("validation", {}).get("psnr_s25")
+        table.add_row(r["name"], r["origin"], str(r.get("task", r.get("error", "?"))), str(r.get("channels", "")),
+                      str(r.get("rank", "")), str(t.get("steps", "")), f"{val:.2f}" if val else "",
+                      str(r["size_mb"]), r["path"])
+    Console().print(table)

@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny models made in the test, seeded RNG, image writers, an in-process CLI runner."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from indeed_cli.checkpoint import save_checkpoint
+from indeed_cli.config import ModelConfig
+from indeed_cli.networks import InDeed
+
+torch.set_num_threads(1)
+
+
+def tiny_config(channels: int = 3, **kw) -> ModelConfig:
+    base = dict(channels=channels, rank=4, lowrank_width=8, lowrank_blocks=1, sparse_width=8,
+                sparse_blocks=1, sparse_levels=3, groups=4)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def tiny_model(channels: int = 3, seed: int = 0, **kw) -> InDeed:
+    torch.manual_seed(seed)
+    return InDeed(tiny_config(channels, **kw)).eval()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def ckpt_paths(tmp_path) -> dict[int, Path]:
+    """Tiny colour and gray checkpoints on disk."""
+    out = {}
+    for c in (1, 3):
+        out[c] = save_checkpoint(tmp_path / f"tiny{c}.safetensors", tiny_model(c), {"note": "test"})
+    return out
+
+
+def write_png(path: Path, arr: np.ndarray, mode: str | None = None) -> Path:
+    Image.fromarray(arr, mode).save(path) if mode else Image.fromarray(arr).save(path)
+    return path
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """Run `indeed ARGS...` in-process; returns (exit_code, stdout, stderr)."""
+    from indeed_cli.cli.app import main
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["indeed", *map(str, args)])
+        code = 0
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run

@@ -1,0 +1,138 @@
+"""The command-line contract: outputs, exit codes, one-line errors, nothing overwritten or partial."""
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import write_png
+
+
+@pytest.fixture
+def imgs(tmp_path, rng):
+    d = tmp_path / "in"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (40, 52, 3), dtype=np.uint8))
+    write_png(d / "b.png", rng.integers(0, 256, (33, 20, 3), dtype=np.uint8))
+    return d
+
+
+def test_help_lists_the_commands(run_cli):
+    code, out, _ = run_cli("--help")
+    assert code == 0
+    for c in ("decompose", "denoise", "detect", "adapt", "train", "models"):
+        assert c in out
+
+
+def test_denoise_file_and_folder(run_cli, imgs, tmp_path, ckpt_paths):
+    code, out, err = run_cli("denoise", imgs / "a.png", "-o", tmp_path / "one.png", "-w", ckpt_paths[3])
+    assert code == 0, err
+    assert Image.open(tmp_path / "one.png").size == (52, 40)
+    code, out, err = run_cli("denoise", imgs, "-o", tmp_path / "many", "-w", ckpt_paths[3], "--json")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "many").iterdir()) == ["a.png", "b.png"]
+    lines = [json.loads(l) for l in out.splitlines()]
+    assert [l["image"].endswith(n) for l, n in zip(lines, ("a.png", "b.png"))] == [True, True]
+    assert all(l["height"] > 0 and l["seconds"] >= 0 for l in lines)
+
+
+def test_glob_input(run_cli, imgs, tmp_path, ckpt_paths):
+    code, _, err = run_cli("denoise", str(imgs / "*.png"), "-o", tmp_path / "g", "-w", ckpt_paths[3])
+    assert code == 0, err and len(list((tmp_path / "g").iterdir())) == 2
+
+
+def test_refuses_existing_output_and_input_overwrite(run_cli, imgs, tmp_path, ckpt_paths):
+    target = tmp_path / "x.png"
+    target.write_bytes(b"keep me")
+    code, _, err = run_cli("denoise", imgs / "a.png", "-o", target, "-w", ckpt_paths[3])
+    assert code == 2 and "exists" in err and target.read_bytes() == b"keep me"
+    code, _, err = run_cli("denoise", imgs / "a.png", "-o", target, "-w", ckpt_paths[3], "--force")
+    assert code == 0 and Image.open(target).size == (52, 40)
+    before = (imgs / "a.png").read_bytes()
+    code, _, err = run_cli("denoise", imgs / "a.png", "-o", imgs / "a.png", "-w", ckpt_paths[3], "--force")
+    assert code == 2 and "input" in err and (imgs / "a.png").read_bytes() == before
+
+
+def test_bad_images_fail_alone_with_one_line(run_cli, imgs, tmp_path, ckpt_paths):
+    good = (imgs / "a.png").read_bytes()
+    (imgs / "cut.png").write_bytes(good[:100])
+    (imgs / "zero.png").write_bytes(b"")
+    (imgs / "text.png").write_text("hello")
+    code, out, err = run_cli("denoise", imgs, "-o", tmp_path / "o", "-w", ckpt_paths[3])
+    assert code == 1
+    errors = [l for l in err.splitlines() if "error" in l]
+    assert len(errors) == 3 and all(l.startswith("indeed: error:") for l in errors)
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.png", "b.png"]  # no partial files
+
+
+def test_unwritable_output(run_cli, imgs, tmp_path, ckpt_paths):
+    if os.geteuid() == 0:
+        blocker = tmp_path / "file"
+        blocker.write_text("x")
+        out = blocker / "sub" / "o.png"  # parent is a file: cannot be created even by root
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        out = ro / "o.png"
+    code, _, err = run_cli("denoise", imgs / "a.png", "-o", out, "-w", ckpt_paths[3])
+    assert code != 0 and "cannot write" in err and len(err.strip().splitlines()) == 1
+
+
+def test_usage_errors(run_cli, imgs, tmp_path, ckpt_paths):
+    assert run_cli("denoise", tmp_path / "nope.png", "-o", tmp_path / "o.png")[0] == 2
+    assert run_cli("denoise", imgs, "-o", tmp_path / "o.png", "-w", ckpt_paths[3])[0] == 2  # 2 inputs, 1 file
+    assert run_cli("denoise", imgs / "a.png", "-o", tmp_path / "o.png", "--tile", "100")[0] == 2
+    code, _, err = run_cli("denoise", imgs / "a.png", "-o", tmp_path / "o.png", "-w", tmp_path / "missing.safetensors")
+    assert code == 3 and "weights not found" in err
+    (tmp_path / "bad.safetensors").write_text("junk")
+    code, _, err = run_cli("denoise", imgs / "a.png", "-o", tmp_path / "o.png", "-w", tmp_path / "bad.safetensors")
+    assert code == 3 and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o.png").exists()
+
+
+def test_16bit_and_alpha_round_trip_through_denoise(run_cli, tmp_path, rng, ckpt_paths):
+    g16 = write_png(tmp_path / "g16.png", rng.integers(0, 65536, (24, 24), dtype=np.uint16))
+    rgba = write_png(tmp_path / "rgba.png", rng.integers(0, 256, (24, 24, 4), dtype=np.uint8), "RGBA")
+    assert run_cli("denoise", g16, "-o", tmp_path / "o16.png", "-w", ckpt_paths[1])[0] == 0
+    assert np.asarray(Image.open(tmp_path / "o16.png")).dtype == np.uint16
+    assert run_cli("denoise", rgba, "-o", tmp_path / "oa.png", "-w", ckpt_paths[3])[0] == 0
+    out = Image.open(tmp_path / "oa.png")
+    assert out.mode == "RGBA"
+    assert np.array_equal(np.asarray(out)[..., 3], np.asarray(Image.open(rgba))[..., 3])
+
+
+def test_gray_model_runs_on_colour_image(run_cli, imgs, tmp_path, ckpt_paths):
+    code, _, err = run_cli("denoise", imgs / "a.png", "-o", tmp_path / "o.png", "-w", ckpt_paths[1])
+    assert code == 0, err and Image.open(tmp_path / "o.png").mode == "RGB"
+
+
+def test_decompose_writes_everything_and_identity_holds(run_cli, imgs, tmp_path, ckpt_paths):
+    code, out, err = run_cli("decompose", imgs / "a.png", "-o", tmp_path / "dec", "-w", ckpt_paths[3], "--panel", "--json")
+    assert code == 0, err
+    d = tmp_path / "dec"
+    for suffix in ("L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S", "panel"):
+        assert (d / f"a_{suffix}.png").exists()
+    z = np.load(d / "a.npz")
+    assert {"Y", "L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S", "mu_gamma"} <= set(z.files)
+    assert np.abs(z["L"] + z["S"] + z["N"] - z["Y"]).max() <= 1e-4 * np.abs(z["Y"]).max()
+    assert np.allclose(z["Y"], np.asarray(Image.open(imgs / "a.png")).transpose(2, 0, 1))  # input scale
+    meta = json.loads((d / "a.json").read_text())
+    assert {"rank_index", "l_rank", "l_sparse", "l_fid"} <= set(meta)
+    line = json.loads(out.splitlines()[0])
+    assert line["rank_index"] == meta["rank_index"]
+    # decompose refuses to overwrite its own outputs without --force
+    assert run_cli("decompose", imgs / "a.png", "-o", d, "-w", ckpt_paths[3])[0] == 2
+
+
+def test_models_lists_bundled(run_cli):
+    code, out, _ = run_cli("models", "--json")
+    rows = [json.loads(l) for l in out.splitlines()]
+    assert code == 0 and {r["channels"] for r in rows if r["origin"] == "bundled"} == {1, 3}
+
+
+@pytest.mark.parametrize("cmd", [["detect", "x.png", "--maps", "m"], ["adapt", "d", "--mode", "oag", "-o", "o"]])
+def test_unbuilt_commands_say_not_available(run_cli, cmd):
+    code, _, err = run_cli(*cmd)
+    assert code == 2 and "not available" in err

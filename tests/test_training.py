@@ -1,0 +1,109 @@
+"""Training: noise model, resumable state, and that the loss actually goes down."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config, write_png
+from indeed_cli.training import (PatchSampler, TrainConfig, add_noise, has_state, lr_at, load_state, save_state,
+                                 train, training_loss)
+from indeed_cli.config import LossWeights
+from indeed_cli.networks import InDeed
+
+
+def test_noise_levels_and_clipping():
+    g = torch.Generator().manual_seed(0)
+    clean = torch.full((400, 1, 16, 16), 0.5)
+    noisy, sigma = add_noise(clean, 75.0, 0.0, g)
+    assert (sigma > 0).all() and (sigma <= 75 / 255).all()
+    est = (noisy - clean).flatten(1).std(1)
+    assert torch.allclose(est, sigma, rtol=0.25)
+    noisy, _ = add_noise(clean, 75.0, 1.0, g)
+    assert noisy.min() >= 0 and noisy.max() <= 1
+    assert torch.allclose(noisy * 255, torch.round(noisy * 255), atol=1e-4)
+
+
+def test_patch_sampler_is_seeded_and_refuses_small_images():
+    ims = [torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8) for _ in range(3)]
+    a = PatchSampler(ims, 32, torch.device("cpu"), torch.Generator().manual_seed(1)).sample(4)
+    b = PatchSampler(ims, 32, torch.device("cpu"), torch.Generator().manual_seed(1)).sample(4)
+    assert a.shape == (4, 3, 32, 32) and torch.equal(a, b)
+    with pytest.raises(ValueError, match="smaller"):
+        PatchSampler(ims, 64, torch.device("cpu"), torch.Generator())
+
+
+def test_lr_schedule_warms_up_and_decays():
+    tc = TrainConfig(steps=100, warmup=10, lr=1e-3, lr_min=0.0)
+    assert lr_at(0, tc) < lr_at(9, tc) <= 1e-3
+    assert lr_at(99, tc) < 1e-5
+    tc = TrainConfig(steps=10 ** 9, warmup=0, lr=1e-3, lr_min=0.0, time_budget=100)
+    assert lr_at(5, tc, elapsed=100) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_loss_decreases_on_a_fixed_batch():
+    torch.manual_seed(0)
+    m = InDeed(tiny_config(1)).train()
+    g = torch.Generator().manual_seed(0)
+    clean = torch.rand(4, 1, 32, 32)
+    noisy, _ = add_noise(clean, 30, 0.0, g)
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3)
+    w = LossWeights()
+    losses = []
+    for _ in range(60):
+        total, parts = training_loss(m, noisy, {"clean": clean}, "denoise", w, m.cfg.priors)
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+        losses.append(parts["sup"])
+    assert set(parts) == {"sup", "orth", "fid", "rank", "sparse"}
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    _, parts = training_loss(m, noisy, {"clean": clean}, "denoise", LossWeights(bayesian=False), m.cfg.priors)
+    assert set(parts) == {"sup", "orth"}
+
+
+def test_state_round_trip(tmp_path):
+    torch.manual_seed(0)
+    m = InDeed(tiny_config(3))
+    opt = torch.optim.Adam(m.parameters())
+    m(torch.rand(1, 3, 16, 16)).L_hat.sum().backward()
+    opt.step()
+    g = torch.Generator().manual_seed(5)
+    g.manual_seed(7)
+    save_state(tmp_path, m, opt, 42, g, {"x": 1}, elapsed=12.5)
+    assert has_state(tmp_path)
+    m2 = InDeed(tiny_config(3))
+    opt2 = torch.optim.Adam(m2.parameters())
+    g2 = torch.Generator()
+    step, elapsed = load_state(tmp_path, m2, opt2, g2)
+    assert (step, elapsed) == (42, 12.5)
+    with_state = 0
+    for a, b in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(a, b)
+        if a in opt.state:
+            with_state += 1
+            assert torch.allclose(opt.state[a]["exp_avg_sq"], opt2.state[b]["exp_avg_sq"], rtol=1e-2)
+    assert with_state > 0
+    assert torch.equal(torch.randint(1000, (5,), generator=g), torch.randint(1000, (5,), generator=g2))
+
+
+def test_train_resumes_and_exports(tmp_path, rng):
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    from indeed_cli.training import list_images, load_images
+    ims = load_images(list_images(data), 3)
+    tc = TrainConfig(steps=4, batch=2, patch=32, log_every=2, val_every=2, save_every=100)
+    out = tmp_path / "run"
+    train(tiny_config(3), tc, ims[:3], out, ims[3:], device="cpu", progress=False, log=lambda m: None)
+    assert (out / "model.safetensors").exists() and has_state(out)
+    tc = TrainConfig(steps=6, batch=2, patch=32, log_every=2, val_every=2, save_every=100)
+    msgs = []
+    rec = train(tiny_config(3), tc, ims[:3], out, ims[3:], device="cpu", progress=False, log=msgs.append)
+    assert any("resumed" in m and "step 4" in m for m in msgs)
+    assert rec["step"] == 6 and "psnr_s25" in rec
+    logs = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
+    assert any("sparse" in l for l in logs)
+    from indeed_cli.checkpoint import read_metadata
+    assert read_metadata(out / "model.safetensors")["training"]["steps"] == 6
