@@ -124,6 +124,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
             raise CheckpointError(f"checkpoint tensor {k} holds NaN or Inf: {path}")
     model.load_state_dict({k: v.float() for k, v in state.items()})
     model.to(device).eval()
+    if torch.device(device).type == "cuda":  # cuDNN's fast convolution layout
+        model.to(memory_format=torch.channels_last)
     return Checkpoint(model, cfg, meta["training"], meta["extra"], str(path))
 
 

@@ -122,10 +122,9 @@ def tiled_apply(fn: TileFn, image: Tensor, tile: int = 128, overlap: int = 32, b
     (per-tile vectors such as mu_gamma) is collected into a (tiles_y, tiles_x, ...) grid.
     Both come back as float32 CPU tensors.
 
-    Work goes one row of tiles (a strip) at a time: the strip is cut on the CPU with
-    reflected indices, moved to the device, split into tiles with ``unfold``, and the
-    windowed outputs are summed back with ``fold`` on the device; only the finished strip
-    returns to the CPU.  Normalisation is the outer product of the 1-D tile coverages,
+    Work goes by rows of tiles (strips): a strip is cut on the CPU with reflected indices,
+    moved to the device, split into tiles with ``unfold``, and the windowed outputs are
+    summed back with ``fold`` on the device; only finished strips return to the CPU.  Normalisation is the outer product of the 1-D tile coverages,
     because the window is separable and the grid regular.
     """
     if image.dim() != 3:
@@ -138,30 +137,38 @@ def tiled_apply(fn: TileFn, image: Tensor, tile: int = 128, overlap: int = 32, b
     nx, W_ext = len(g.xs), g.width_ext
     maps: dict[str, Tensor] = {}
     vectors: dict[str, list[Tensor]] = {}
-    for y in g.ys:
-        strip = image[:, torch.from_numpy(g.rows(y))][:, :, cols]  # (C, tile, W_ext), CPU
-        strip = strip.to(device=device, dtype=dtype, non_blocking=True)
-        tiles = strip.unfold(2, tile, g.stride).permute(2, 0, 1, 3)  # (nx, C, tile, tile)
+    # Several strips share one forward pass when a strip holds fewer tiles than a batch:
+    # on a GPU, kernel launches, not arithmetic, bound small batches.
+    per_group = max(1, batch // nx)
+    for g0 in range(0, len(g.ys), per_group):
+        ys = g.ys[g0:g0 + per_group]
+        tiles = torch.cat([
+            image[:, torch.from_numpy(g.rows(y))][:, :, cols]  # (C, tile, W_ext), cut on the CPU
+            .to(device=device, dtype=dtype, non_blocking=True)
+            .unfold(2, tile, g.stride).permute(2, 0, 1, 3)  # (nx, C, tile, tile)
+            for y in ys])
         outs: dict[str, list[Tensor]] = {}
-        for b0 in range(0, nx, batch):
+        for b0 in range(0, len(tiles), batch):
             for k, v in fn(tiles[b0:b0 + batch].contiguous()).items():
                 outs.setdefault(k, []).append(v.detach().float())
-        r0 = y - g.margin  # image row of the strip's first row
-        ty0, ty1 = max(0, -r0), min(tile, h - r0)
         for k, parts in outs.items():
-            v = torch.cat(parts)
-            if v.dim() == 4 and v.shape[-2:] == (tile, tile):
-                K = v.shape[1]
-                v = (v * win).permute(1, 2, 3, 0).reshape(1, K * tile * tile, nx)
-                row = F.fold(v, (tile, W_ext), (tile, tile), stride=(tile, g.stride))[0]  # (K, tile, W_ext)
-                row = row[:, ty0:ty1, g.margin:g.margin + w].cpu()
-                if k not in maps:
-                    maps[k] = torch.zeros(K, h, w)
-                maps[k][:, r0 + ty0:r0 + ty1] += row
-            else:
-                vectors.setdefault(k, []).append(v.cpu())
+            v_all = torch.cat(parts)
+            for j, y in enumerate(ys):
+                v = v_all[j * nx:(j + 1) * nx]
+                if v.dim() == 4 and v.shape[-2:] == (tile, tile):
+                    r0 = y - g.margin  # image row of the strip's first row
+                    ty0, ty1 = max(0, -r0), min(tile, h - r0)
+                    K = v.shape[1]
+                    v = (v * win).permute(1, 2, 3, 0).reshape(1, K * tile * tile, nx)
+                    row = F.fold(v, (tile, W_ext), (tile, tile), stride=(tile, g.stride))[0]  # (K, tile, W_ext)
+                    row = row[:, ty0:ty1, g.margin:g.margin + w].cpu()
+                    if k not in maps:
+                        maps[k] = torch.zeros(K, h, w)
+                    maps[k][:, r0 + ty0:r0 + ty1] += row
+                else:
+                    vectors.setdefault(k, []).append(v.cpu())
         if progress is not None:
-            progress(nx)
+            progress(nx * len(ys))
     norm = g.coverage(g.ys, h)[:, None] * g.coverage(g.xs, w)[None, :]
     for k in maps:
         maps[k] /= norm

@@ -361,7 +361,7 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
     if dist:
         import torch.distributed as tdist
         tdist.destroy_process_group()
-    return record
+    return {**record, "rank": rank}
 
 
 def _denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):

@@ -73,3 +73,14 @@ def test_decomposition_identity_and_no_seams():
     # blending is smooth: the output is a continuous function of tile outputs (finite everywhere)
     for k in ("L", "S", "sigma_L", "sigma_S", "mu_omega", "mu_lambda"):
         assert np.isfinite(arr[k]).all() and arr[k].shape == (1, 129, 257)
+
+
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_per_tile_outputs_keep_grid_order_for_any_batch(batch):
+    """Strips may share a forward pass; per-tile vectors must still land on their tile."""
+    img = torch.rand(2, 150, 230)
+    maps, grids = tiled_apply(lambda t: {"x": t, "mean": t.mean((2, 3))}, img, 64, 16, batch=batch)
+    g = TileGrid(150, 230, 64, 16)
+    expect = torch.stack([g.cut(img, y, x).mean((1, 2)) for y, x in g.positions()]).reshape(*g.shape, 2)
+    assert torch.allclose(grids["mean"], expect, atol=1e-6)
+    assert torch.allclose(maps["x"], img, atol=1e-6)

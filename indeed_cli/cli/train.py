@@ -62,6 +62,8 @@ def train_cmd(
                     device=device, facts=facts, progress=not quiet, log=lambda m: typer.echo(m, err=True))
     except ValueError as e:
         raise CLIError(str(e)) from None
+    if rec.get("rank", 0) != 0:  # other torchrun ranks: rank 0 reports and exports
+        return
     typer.echo(f"step {rec.get('step')}: {out / 'model.safetensors'} " +
                " ".join(f"{k}={v:.2f}" for k, v in rec.items() if k.startswith("psnr")), err=True)
     if export:
