@@ -31,7 +31,9 @@ from .config import FORMAT_VERSION, ModelConfig
 from .networks import InDeed
 
 BUNDLED = {1: "indeed-denoise-gray.safetensors", 3: "indeed-denoise-color.safetensors"}
-BUNDLED_NAMES = {"gray": BUNDLED[1], "grey": BUNDLED[1], "color": BUNDLED[3], "colour": BUNDLED[3]}
+BUNDLED_DETECT = "indeed-detect-magnetic-tile.safetensors"  # gray; runs per channel on colour images
+BUNDLED_NAMES = {"gray": BUNDLED[1], "grey": BUNDLED[1], "color": BUNDLED[3], "colour": BUNDLED[3],
+                 "magnetic-tile": BUNDLED_DETECT}
 
 
 class CheckpointError(Exception):
@@ -161,11 +163,11 @@ def download_from_hub(ref: str) -> Path:
         raise CheckpointError(f"{ref}: download failed ({type(e).__name__}: {first[:160]})") from None
 
 
-def resolve_weights(spec: str | None, channels: int | None = None) -> Path:
+def resolve_weights(spec: str | None, channels: int | None = None, task: str = "denoise") -> Path:
     """Turn a ``--weights`` value into a local checkpoint path (see module docstring)."""
     wdir = weights_dir()
     if not spec or spec == "default":
-        name = BUNDLED.get(channels or 3)
+        name = BUNDLED_DETECT if task == "detect" else BUNDLED.get(channels or 3)
         path = wdir / name
         if not path.is_file():
             raise CheckpointError(f"bundled default checkpoint missing: {path} (pass --weights PATH)")

@@ -106,13 +106,15 @@ def _channel_adapter(model_c: int, image_c: int):
     raise ValueError(f"cannot run a {model_c}-channel model on a {image_c}-channel image")
 
 
-def _tile_decompose(ckpt: Checkpoint, image_c: int, full: bool) -> Callable:
+def _tile_decompose(ckpt: Checkpoint, image_c: int, full: bool, sparse_only: bool = False) -> Callable:
     model, priors = ckpt.model, ckpt.config.priors
     to_model, from_model = _channel_adapter(ckpt.config.channels, image_c)
 
     def fn(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
         Y = to_model(tiles)
         d = model(Y, sample=False).float()
+        if sparse_only:
+            return {"S": from_model(d.mu_S)}
         X = d.L_hat + d.mu_S
         if not full:
             return {"X": from_model(X)}
@@ -152,11 +154,11 @@ def _as_image(image) -> tuple[np.ndarray, LoadedImage | None]:
 
 
 def _run(ckpt: Checkpoint, data: np.ndarray, full: bool, opts: InferenceOptions,
-         progress: Callable[[int], None] | None = None):
+         progress: Callable[[int], None] | None = None, sparse_only: bool = False):
     device = next(ckpt.model.parameters()).device
     if opts.tile % ckpt.config.multiple:
         raise ValueError(f"--tile must be a multiple of {ckpt.config.multiple}")
-    fn = _tile_decompose(ckpt, data.shape[0], full)
+    fn = _tile_decompose(ckpt, data.shape[0], full, sparse_only)
     with torch.inference_mode(), _autocast(device, opts.precision):
         return tiled_apply(fn, torch.from_numpy(data), opts.tile, opts.overlap, opts.batch_for(device),
                            device=device, progress=progress)
@@ -172,6 +174,13 @@ def denoise(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progr
     data, _ = _as_image(image)
     maps, _ = _run(ckpt, data, False, opts or InferenceOptions(), progress)
     return maps["X"].numpy()
+
+
+def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
+    """Posterior mean of S only, float32 (C, h, w): the input of anomaly maps."""
+    data, _ = _as_image(image)
+    maps, _ = _run(ckpt, data, False, opts or InferenceOptions(), progress, sparse_only=True)
+    return maps["S"].numpy()
 
 
 def decompose(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> Decomposed:

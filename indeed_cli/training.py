@@ -80,10 +80,13 @@ def load_images(paths: list[Path], channels: int) -> list[torch.Tensor]:
 class PatchSampler:
     """Random crops with the 8 flips/rotations, drawn from images kept on the device."""
 
-    def __init__(self, images: list[torch.Tensor], patch: int, device: torch.device, generator: torch.Generator):
+    def __init__(self, images: list[torch.Tensor], patch: int, device: torch.device, generator: torch.Generator,
+                 pad_small: bool = False):
         small = [tuple(im.shape[1:]) for im in images if min(im.shape[1:]) < patch]
-        if small:
+        if small and not pad_small:
             raise ValueError(f"{len(small)} training images are smaller than the patch size {patch}")
+        if small:  # mirror-extend narrow images (anomaly data comes in all sizes)
+            images = [_pad_to(im, patch) for im in images]
         self.images = [im.to(device) for im in images]
         self.patch, self.device, self.gen = patch, device, generator
 
@@ -101,6 +104,14 @@ class PatchSampler:
                 c = c.transpose(1, 2)
             crops.append(torch.rot90(c, op & 3, (1, 2)))
         return torch.stack(crops).float() / 255.0
+
+
+def _pad_to(im: torch.Tensor, size: int) -> torch.Tensor:
+    ph, pw = max(0, size - im.shape[1]), max(0, size - im.shape[2])
+    if not ph and not pw:
+        return im
+    mode = "reflect" if ph < im.shape[1] and pw < im.shape[2] else "replicate"
+    return F.pad(im[None].float(), (0, pw, 0, ph), mode=mode)[0].round().to(im.dtype)
 
 
 def add_noise(clean: torch.Tensor, sigma_max: float, clip_prob: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,6 +270,7 @@ def validate(model: InDeed, images: list[torch.Tensor], device: torch.device, si
 def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tensor], out_dir: Path,
           val_images: list[torch.Tensor] | None = None, device: str = "auto", facts: dict | None = None,
           make_batch: Callable | None = None, progress: bool = True, log: Callable[[str], None] = print) -> dict:
+    """``make_batch(sampler, n, tc, gen) -> (Y, targets)``; default: AWGN denoising batches."""
     """Train (or resume) and export ``out_dir/model.safetensors``; returns the last log record."""
     dist = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank = int(os.environ.get("RANK", "0"))
@@ -292,9 +304,9 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
     if dist:
         from torch.nn.parallel import DistributedDataParallel
         net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    sampler = PatchSampler(train_images, tc.patch, dev, gen)
+    sampler = PatchSampler(train_images, tc.patch, dev, gen, pad_small=tc.task == "detect")
     use_bf16 = tc.precision == "bf16" or (tc.precision == "auto" and dev.type == "cuda")
-    make_batch = make_batch or (lambda n: _denoise_batch(sampler, n, tc, gen))
+    make_batch = make_batch or _denoise_batch
     t0 = time.time()
     running: dict[str, float] = {}
     record: dict = {"step": step}
@@ -314,7 +326,7 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
             break
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tc, elapsed)
-        Y, targets = make_batch(tc.batch)
+        Y, targets = make_batch(sampler, tc.batch, tc, gen)
         if dev.type == "cuda":
             Y = Y.contiguous(memory_format=torch.channels_last)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
@@ -368,6 +380,22 @@ def _denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Ge
     clean = sampler.sample(n)
     noisy, _ = add_noise(clean, tc.sigma_max, tc.clip_prob, gen)
     return noisy, {"clean": clean}
+
+
+def detect_batch_fn(textures: list[torch.Tensor] | None = None, anomaly_cfg=None) -> Callable:
+    """Batches for UAD (paper §3.6): normal patches U_N, synthetic anomalies U_A = Y - U_N,
+    and mild sensor noise that belongs to N."""
+    from .anomaly import AnomalyConfig, synthesize
+    cache: dict = {}
+
+    def make(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):
+        normal = sampler.sample(n)
+        if "tex" not in cache:
+            cache["tex"] = [t.to(normal.device) for t in (textures or [])]
+        Y, U_A, _ = synthesize(normal, gen, cache["tex"], anomaly_cfg or AnomalyConfig())
+        noisy, _ = add_noise(Y, tc.sigma_max, tc.clip_prob, gen)
+        return noisy, {"normal": normal, "anomaly": U_A}
+    return make
 
 
 def _jsonable(tc: TrainConfig) -> dict:

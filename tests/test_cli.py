@@ -132,7 +132,35 @@ def test_models_lists_bundled(run_cli):
     assert code == 0 and {r["channels"] for r in rows if r["origin"] == "bundled"} == {1, 3}
 
 
-@pytest.mark.parametrize("cmd", [["detect", "x.png", "--maps", "m"], ["adapt", "d", "--mode", "oag", "-o", "o"]])
-def test_unbuilt_commands_say_not_available(run_cli, cmd):
-    code, _, err = run_cli(*cmd)
+def test_adapt_says_not_available(run_cli):
+    code, _, err = run_cli("adapt", "d", "--mode", "oag", "-o", "o")
     assert code == 2 and "not available" in err
+
+
+@pytest.fixture
+def detector(tmp_path, ckpt_paths):
+    from conftest import tiny_model
+    from indeed_cli.checkpoint import save_checkpoint
+    return save_checkpoint(tmp_path / "det.safetensors", tiny_model(1, task="detect"), {}, {"detect": {"threshold": 0.01}})
+
+
+def test_detect_writes_maps_and_json(run_cli, tmp_path, rng, detector):
+    a = write_png(tmp_path / "t1.png", rng.integers(0, 256, (37, 50), dtype=np.uint8))
+    b = write_png(tmp_path / "t2.png", rng.integers(0, 256, (20, 20, 3), dtype=np.uint8))
+    code, out, err = run_cli("detect", a, b, "--maps", tmp_path / "maps", "-w", detector, "--json")
+    assert code == 0, err
+    lines = [json.loads(l) for l in out.splitlines()]
+    assert [l["threshold"] for l in lines] == [0.01, 0.01]
+    for l, p, shape in zip(lines, (a, b), ((37, 50), (20, 20))):
+        assert l["anomalous"] == (l["score"] > 0.01)
+        z = np.load(tmp_path / "maps" / f"{p.stem}.npz")["anomaly_map"]
+        assert z.shape == shape and z.dtype == np.float32 and (z >= 0).all()
+        mask = np.asarray(Image.open(tmp_path / "maps" / f"{p.stem}_mask.png"))
+        assert np.array_equal(mask > 0, z > 0.01)
+        assert set(l["maps"]) == {"anomaly", "overlay", "mask", "npz"}
+    assert "flagged" in err
+    # --threshold overrides the stored one; a denoising checkpoint is refused for detection
+    code, out, _ = run_cli("detect", a, "--maps", tmp_path / "m2", "-w", detector, "--json", "--threshold", "1e9")
+    assert code == 0 and json.loads(out)["anomalous"] is False and json.loads(out)["threshold"] == 1e9
+    code, _, err = run_cli("detect", a, "--maps", tmp_path / "m3", "-w", detector.parent / "tiny1.safetensors")
+    assert code == 3

@@ -115,22 +115,26 @@ def warn(msg: str) -> None:
 class ModelCache:
     """Loads each checkpoint once; picks the bundled model by channel count when --weights is unset."""
 
-    def __init__(self, weights: str | None, device: str):
+    def __init__(self, weights: str | None, device: str, task: str = "denoise"):
         from ..inference import resolve_device
         try:
             self.device = resolve_device(device)
         except RuntimeError as e:
             raise CLIError(str(e)) from None
-        self.weights = weights
+        self.weights, self.task = weights, task
         self._loaded: dict = {}
 
     def get(self, channels: int):
         from ..checkpoint import CheckpointError, load_checkpoint, resolve_weights
         try:
-            path = resolve_weights(self.weights, channels)
+            path = resolve_weights(self.weights, channels, self.task)
             key = str(path.resolve())
             if key not in self._loaded:
-                self._loaded[key] = load_checkpoint(path, self.device)
+                ck = load_checkpoint(path, self.device)
+                if ck.config.task != self.task:
+                    raise CLIError(f"{path} is a {ck.config.task} checkpoint; this command needs a {self.task} one",
+                                   EXIT_WEIGHTS)
+                self._loaded[key] = ck
             return self._loaded[key]
         except CheckpointError as e:
             raise CLIError(str(e), EXIT_WEIGHTS) from None

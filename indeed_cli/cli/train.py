@@ -13,7 +13,8 @@ from .common import CLIError
 def train_cmd(
     data: Annotated[list[str], typer.Option("--data", help="Training images: folder(s) or .txt list(s) of paths.")],
     out: Annotated[Path, typer.Option("--out", help="Run folder: resumable state, log.jsonl, model.safetensors.")],
-    task: Annotated[str, typer.Option("--task", help="denoise (detect: not available yet).")] = "denoise",
+    task: Annotated[str, typer.Option("--task", help="denoise, or detect (train on normal images only).")] = "denoise",
+    textures: Annotated[Optional[str], typer.Option("--textures", help="detect: texture images for synthetic anomalies (e.g. DTD).")] = None,
     channels: Annotated[int, typer.Option("--channels", help="1 = gray model, 3 = colour model.")] = 3,
     val: Annotated[Optional[str], typer.Option("--val", help="Held-out images for validation PSNR.")] = None,
     val_count: Annotated[int, typer.Option("--val-count", help="Without --val: hold out the last N training images.")] = 8,
@@ -21,7 +22,7 @@ def train_cmd(
     batch: Annotated[int, typer.Option("--batch")] = 32,
     patch: Annotated[int, typer.Option("--patch")] = 128,
     lr: Annotated[float, typer.Option("--lr")] = 4e-4,
-    sigma_max: Annotated[float, typer.Option("--sigma-max", help="AWGN sigma ~ U(0, max] (8-bit units).")] = 75.0,
+    sigma_max: Annotated[Optional[float], typer.Option("--sigma-max", help="AWGN sigma ~ U(0, max] (8-bit units); default 75 for denoise, 5 for detect.")] = None,
     clip_prob: Annotated[float, typer.Option("--clip-prob", help="Share of patches clipped+quantised to 8 bits.")] = 0.5,
     rank: Annotated[int, typer.Option("--rank", help="r0, the maximal rank.")] = 64,
     sparse_width: Annotated[int, typer.Option("--sparse-width")] = 48,
@@ -40,8 +41,10 @@ def train_cmd(
     """Train InDeed on clean images with the paper's loss (resumes from --out if state exists)."""
     from ..config import LossWeights, ModelConfig
     from ..training import TrainConfig, list_images, load_images, train
-    if task != "denoise":
-        raise CLIError("`indeed train --task detect` is not available yet (tracked in issue #4)")
+    if task not in ("denoise", "detect"):
+        raise CLIError(f"--task must be denoise or detect, got {task!r}")
+    if sigma_max is None:
+        sigma_max = 75.0 if task == "denoise" else 5.0
     try:
         paths = [p for spec in data for p in list_images(spec)]
         val_paths = list_images(val) if val else []
@@ -57,14 +60,36 @@ def train_cmd(
                      losses=LossWeights(sigma0=sigma0, bayesian=not no_bayes))
     typer.echo(f"training on {len(paths)} images, validating on {len(val_paths)}", err=True)
     facts = {"task": task, "data": [str(d) for d in data], "n_train": len(paths), "n_val": len(val_paths)}
+    make_batch = None
+    if task == "detect":
+        from ..training import detect_batch_fn
+        tex = load_images(list_images(textures), channels) if textures else None
+        make_batch = detect_batch_fn(tex)
+        facts["textures"] = textures
+    val_images = load_images(val_paths, channels) if task == "denoise" else []
     try:
-        rec = train(cfg, tc, load_images(paths, channels), out, load_images(val_paths, channels) or None,
-                    device=device, facts=facts, progress=not quiet, log=lambda m: typer.echo(m, err=True))
+        rec = train(cfg, tc, load_images(paths, channels), out, val_images or None, device=device, facts=facts,
+                    make_batch=make_batch, progress=not quiet, log=lambda m: typer.echo(m, err=True))
     except ValueError as e:
         raise CLIError(str(e)) from None
+    if task == "detect" and rec.get("rank", 0) == 0:
+        _calibrate_detector(out / "model.safetensors", val_paths, device)
     if rec.get("rank", 0) != 0:  # other torchrun ranks: rank 0 reports and exports
         return
     typer.echo(f"step {rec.get('step')}: {out / 'model.safetensors'} " +
                " ".join(f"{k}={v:.2f}" for k, v in rec.items() if k.startswith("psnr")), err=True)
     if export:
         shutil.copyfile(out / "model.safetensors", export)
+
+
+def _calibrate_detector(path: Path, normal_paths: list, device: str) -> None:
+    """Learn the threshold from held-out normal images and store it in the checkpoint."""
+    from ..checkpoint import load_checkpoint, save_checkpoint
+    from ..detection import calibrate
+    from ..inference import resolve_device
+    if not normal_paths:
+        raise CLIError("--task detect needs held-out normal images (--val DIR or --val-count N) to learn its threshold")
+    ck = load_checkpoint(path, resolve_device(device))
+    calib = calibrate(ck, normal_paths)
+    save_checkpoint(path, ck.model, ck.training, {**ck.extra, "detect": calib})
+    typer.echo(f"threshold {calib['threshold']:.4g} from {calib['n_calibration']} held-out normal images", err=True)

@@ -12,13 +12,6 @@ def _unavailable(what: str, issue: str) -> None:
     raise CLIError(f"`indeed {what}` is not available yet (tracked in issue {issue})")
 
 
-def detect_cmd(args: Annotated[list[str] | None, typer.Argument(help="Images (not available yet).")] = None,
-               maps: Annotated[str | None, typer.Option("--maps")] = None,
-               json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Pixel-wise anomaly detection (not available yet)."""
-    _unavailable("detect", "#4")
-
-
 def adapt_cmd(args: Annotated[list[str] | None, typer.Argument(help="Images (not available yet).")] = None,
               mode: Annotated[str | None, typer.Option("--mode")] = None,
               output: Annotated[str | None, typer.Option("--output", "-o")] = None) -> None:

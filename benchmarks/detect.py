@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Anomaly detection on magnetic tiles: pixel AUROC, pixel AP and image AUROC, per defect class
+and overall, for InDeed and two baselines side by side:
+
+  rpca     classical robust PCA of each image (low-rank + sparse, inexact ALM), map = |S|
+  nobayes  the same network trained without l_fid, l_rank, l_sparse (paper ablation #9)
+
+    python benchmarks/detect.py --data ../shared/data/anomaly/magnetic-tile \
+        --weights weights/indeed-detect-magnetic-tile.safetensors --nobayes NOBAYES.safetensors
+
+Normal evaluation images are the MT_Free images that benchmarks/mt_split.py puts in 'eval'
+(never trained on, never used for the threshold).  Every map is smoothed the same way
+(indeed_cli.detection.anomaly_map_from_sparse) and scored by the same image score.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mt_split import split  # noqa: E402
+from indeed_cli.checkpoint import load_checkpoint  # noqa: E402
+from indeed_cli.detection import anomaly_map_from_sparse, auroc, average_precision, image_score  # noqa: E402
+from indeed_cli.imageio import read_image  # noqa: E402
+from indeed_cli.inference import sparse_mean  # noqa: E402
+
+DEFECTS = ["MT_Blowhole", "MT_Break", "MT_Crack", "MT_Fray", "MT_Uneven"]
+
+
+def rpca_sparse(Y: np.ndarray, max_iter: int = 100, tol: float = 1e-6) -> np.ndarray:
+    """Inexact augmented Lagrange multiplier RPCA (Lin, Chen, Ma 2010): Y = L + S."""
+    h, w = Y.shape
+    lam = 1.0 / np.sqrt(max(h, w))
+    norm_two = np.linalg.norm(Y, 2)
+    Yd = Y / max(norm_two, np.abs(Y).max() / lam)
+    mu, rho = 1.25 / norm_two, 1.5
+    L, S = np.zeros_like(Y), np.zeros_like(Y)
+    fro = np.linalg.norm(Y)
+    for _ in range(max_iter):
+        T = Y - L + Yd / mu
+        S = np.sign(T) * np.maximum(np.abs(T) - lam / mu, 0)
+        U, sig, Vt = np.linalg.svd(Y - S + Yd / mu, full_matrices=False)
+        sig = np.maximum(sig - 1 / mu, 0)
+        r = int((sig > 0).sum())
+        L = (U[:, :r] * sig[:r]) @ Vt[:r]
+        Z = Y - L - S
+        Yd = Yd + mu * Z
+        mu = min(mu * rho, 1e7)
+        if np.linalg.norm(Z) / fro < tol:
+            break
+    return S
+
+
+def load_mask(jpg: Path, shape) -> np.ndarray:
+    png = jpg.with_suffix(".png")
+    if not png.exists():
+        return np.zeros(shape, bool)
+    return np.asarray(Image.open(png).convert("L")) >= 128
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--weights", required=True)
+    ap.add_argument("--nobayes", default=None)
+    ap.add_argument("--methods", default="indeed,nobayes,rpca")
+    ap.add_argument("--limit", type=int, default=0, help="first N images per folder (0 = all)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    root = Path(a.data)
+    items = [(c, p) for c in DEFECTS for p in sorted((root / c).glob("*.jpg"))[: a.limit or None]]
+    items += [("normal", p) for p in split(root / "MT_Free")["eval"][: a.limit or None]]
+    methods = a.methods.split(",")
+    models = {"indeed": load_checkpoint(a.weights)}
+    if "nobayes" in methods:
+        models["nobayes"] = load_checkpoint(a.nobayes)
+    results = {}
+    for m in methods:
+        maps, masks, scores, labels, classes = [], [], [], [], []
+        t0 = time.perf_counter()
+        for cls, p in items:
+            img = read_image(p)
+            if m == "rpca":
+                mu_S = rpca_sparse(img.data.mean(0).astype(np.float64))[None]
+            else:
+                mu_S = sparse_mean(models[m], img)
+            amap = anomaly_map_from_sparse(mu_S)
+            mask = load_mask(p, amap.shape)
+            maps.append(amap.ravel())
+            masks.append(mask.ravel())
+            scores.append(image_score(amap))
+            labels.append(bool(mask.any()))
+            classes.append(cls)
+        secs = (time.perf_counter() - t0) / len(items)
+        classes_a, scores_a, labels_a = np.array(classes), np.array(scores), np.array(labels)
+        row = {"seconds_per_image": secs}
+        for cls in ["all"] + DEFECTS:
+            sel = [i for i, c in enumerate(classes) if cls == "all" or c in (cls, "normal")]
+            pix_s = np.concatenate([maps[i] for i in sel])
+            pix_y = np.concatenate([masks[i] for i in sel])
+            row[cls] = {"pixel_auroc": auroc(pix_s, pix_y), "pixel_ap": average_precision(pix_s, pix_y),
+                        "image_auroc": auroc(scores_a[sel], labels_a[sel]), "n_images": len(sel)}
+        results[m] = row
+        print(json.dumps({m: row["all"], "s/img": round(secs, 3)}), file=sys.stderr, flush=True)
+    print(f"Command: `python {' '.join(sys.argv)}`  \nNormal evaluation images: {sum(c == 'normal' for c, _ in items)}, "
+          f"defective: {sum(c != 'normal' for c, _ in items)} (masks binarised at 128; an image is anomalous when its mask is non-empty)\n")
+    print("| method | subset | pixel AUROC | pixel AP | image AUROC |\n|---|---|---|---|---|")
+    for m in methods:
+        for cls in ["all"] + DEFECTS:
+            r = results[m][cls]
+            print(f"| {m} | {cls} (+ normal) | {r['pixel_auroc']:.4f} | {r['pixel_ap']:.4f} | {r['image_auroc']:.4f} |")
+    print("\n| method | CPU s / image |\n|---|---|")
+    for m in methods:
+        print(f"| {m} | {results[m]['seconds_per_image']:.2f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

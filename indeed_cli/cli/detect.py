@@ -1,0 +1,81 @@
+"""`indeed detect`: pixel-wise anomaly maps from the posterior of S, a score and a decision per image."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from PIL import Image
+
+from ..detection import detect
+from ..imageio import ImageError, atomic_save, atomic_write_via, read_image
+from ..inference import n_tiles
+from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
+                     Tile, Weights, CLIError, check_targets, emit_json, expand_inputs, inference_options,
+                     progress_bar, warn)
+
+
+def heat(v: np.ndarray) -> np.ndarray:
+    """[0,1] -> RGB uint8, black-red-yellow-white ramp."""
+    v = np.clip(v, 0, 1)[..., None]
+    stops = np.array([[0, 0, 0], [180, 20, 20], [250, 200, 30], [255, 255, 255]], np.float32)
+    pos = v * 3
+    i = np.minimum(pos.astype(int), 2)
+    f = pos - i
+    return (stops[i[..., 0]] * (1 - f) + stops[i[..., 0] + 1] * f).astype(np.uint8)
+
+
+def detect_cmd(
+    inputs: Annotated[list[str], typer.Argument(help="Image files, folders or glob patterns.")],
+    maps: Annotated[Path, typer.Option("--maps", help="Folder for <stem>_anomaly/_overlay/_mask.png and <stem>.npz.")],
+    threshold: Annotated[Optional[float], typer.Option("--threshold", help="Override the checkpoint's learned threshold.")] = None,
+    weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
+    batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
+    quiet: Quiet = False, recursive: Recursive = False,
+) -> None:
+    """Detect anomalies (defects) pixel by pixel; one JSON line per image with --json."""
+    paths = expand_inputs(inputs, recursive)
+    if maps.exists() and not maps.is_dir():
+        raise CLIError(f"--maps must be a folder, and {maps} is a file")
+    plans = [{k: maps / f"{p.stem}{k}" for k in ("_anomaly.png", "_overlay.png", "_mask.png", ".npz")} for p in paths]
+    check_targets(paths, [f for plan in plans for f in plan.values()], force)
+    opts = inference_options(tile, overlap, batch, precision)
+    models = ModelCache(weights, device, task="detect")
+    failed = flagged = 0
+    for src, files in zip(paths, plans):
+        try:
+            img = read_image(src)
+            ck = models.get(img.channels)
+            t = threshold if threshold is not None else ck.extra.get("detect", {}).get("threshold")
+            if t is None:
+                raise CLIError(f"{ck.source} stores no threshold; pass --threshold", 2)
+            with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
+                det = detect(ck, img, opts, progress=bar.update)
+            amap = det.anomaly_map
+            view = amap / (2 * t) if t > 0 else amap / max(float(amap.max()), 1e-12)
+            hm = heat(view)
+            gray = np.repeat((np.clip(img.data.mean(0), 0, 1) * 255)[..., None], 3, -1)
+            a = np.clip(view, 0, 1)[..., None] * 0.7
+            overlay = (gray * (1 - a) + hm * a).astype(np.uint8)
+            mask = ((amap > t) * 255).astype(np.uint8)
+            atomic_save(Image.fromarray(hm, "RGB"), files["_anomaly.png"])
+            atomic_save(Image.fromarray(overlay, "RGB"), files["_overlay.png"])
+            atomic_save(Image.fromarray(mask, "L"), files["_mask.png"])
+            atomic_write_via(files[".npz"], lambda p: np.savez_compressed(open(p, "wb"), anomaly_map=amap.astype(np.float32)))
+        except ImageError as e:
+            failed += 1
+            warn(f"error: {e}")
+            if json_out:
+                emit_json({"image": str(src), "error": str(e)})
+            continue
+        anomalous = det.score > t
+        flagged += anomalous
+        if json_out:
+            emit_json({"image": str(src), "score": round(det.score, 6), "anomalous": bool(anomalous),
+                       "threshold": t, "anomalous_fraction": round(float((amap > t).mean()), 6),
+                       "maps": {k.strip("_.").removesuffix(".png"): str(v) for k, v in files.items()}})
+    if not quiet:
+        warn(f"{flagged} of {len(paths) - failed} images flagged as anomalous")
+    if failed:
+        raise typer.Exit(EXIT_FAILED)
