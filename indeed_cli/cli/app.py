@@ -12,8 +12,8 @@ from .denoise import denoise_cmd
 from .evaluate import evaluate_cmd
 from .models import models_cmd
 from .train import train_cmd
+from .adapt import adapt_cmd
 from .detect import detect_cmd
-from .unavailable import adapt_cmd
 
 app = typer.Typer(
     name="indeed", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,

@@ -27,6 +27,22 @@ def outputs_for(out_dir: Path, stem: str, with_panel: bool) -> dict[str, Path]:
     return files
 
 
+def write_decomposition(src: Path, img, dec, files: dict[str, Path], with_panel: bool, source: str) -> dict:
+    """Write the PNG maps, npz and json of one decomposed image; returns the json record."""
+    arrays = dec.in_scale(img.scale)
+    views = viewable({**dec.maps, "N": arrays["N"] / img.scale})
+    for k in PNG_MAPS:
+        atomic_save(to_pil(views[k]), files[k])
+    atomic_write_via(files["npz"], lambda t: np.savez_compressed(open(t, "wb"), **arrays))
+    record = {"image": str(src), "height": img.size[0], "width": img.size[1], "channels": img.channels,
+              "scale": img.scale, **dec.stats(), "loss_units": "per pixel (per element of Y)",
+              "weights": source, "outputs": {k: str(v) for k, v in files.items()}}
+    if with_panel and "panel" in files:
+        atomic_save(panel(dec.Y, views, f"{src.name}  rank index n={record['rank_index']:.0f}"), files["panel"])
+    atomic_write_via(files["json"], lambda t: Path(t).write_text(json.dumps(record, indent=2)))
+    return record
+
+
 def decompose_cmd(
     inputs: Annotated[list[str], typer.Argument(help="Image files, folders or glob patterns.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output folder.")],
@@ -50,17 +66,7 @@ def decompose_cmd(
             ckpt = models.get(img.channels)
             with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
                 dec = decompose(ckpt, img, opts, progress=bar.update)
-            arrays = dec.in_scale(img.scale)
-            views = viewable({**dec.maps, "N": arrays["N"] / img.scale})
-            for k in PNG_MAPS:
-                atomic_save(to_pil(views[k]), files[k])
-            atomic_write_via(files["npz"], lambda t: np.savez_compressed(open(t, "wb"), **arrays))
-            record = {"image": str(src), "height": img.size[0], "width": img.size[1], "channels": img.channels,
-                      "scale": img.scale, **dec.stats(), "loss_units": "per pixel (per element of Y)",
-                      "weights": ckpt.source, "outputs": {k: str(v) for k, v in files.items()}}
-            if with_panel:
-                atomic_save(panel(dec.Y, views, f"{src.name}  rank index n={record['rank_index']:.0f}"), files["panel"])
-            atomic_write_via(files["json"], lambda t: Path(t).write_text(json.dumps(record, indent=2)))
+            record = write_decomposition(src, img, dec, files, with_panel, ckpt.source)
         except ImageError as e:
             failed += 1
             warn(f"error: {e}")

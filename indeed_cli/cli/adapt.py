@@ -1,0 +1,90 @@
+"""`indeed adapt`: InDeedAG (one adaptation per folder) and InDeedOAG (one per image), then inference."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from ..adaptation import AdaptConfig, adapt
+from ..checkpoint import save_checkpoint
+from ..imageio import ImageError, read_image, write_image
+from ..inference import decompose
+from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
+                     Tile, Weights, CLIError, check_targets, emit_json, expand_inputs, inference_options, warn)
+from .decompose import outputs_for, write_decomposition
+
+
+def _as_model_channels(data: np.ndarray, channels: int) -> list[np.ndarray]:
+    if data.shape[0] == channels:
+        return [data]
+    if channels == 3:
+        return [np.repeat(data, 3, 0)]
+    return [c[None] for c in data]  # a gray model adapts on each colour channel
+
+
+def adapt_cmd(
+    inputs: Annotated[list[str], typer.Argument(help="Out-of-distribution images: files, folders or globs.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output folder: <stem>.png and the decomposition files.")],
+    mode: Annotated[str, typer.Option("--mode", help="ag: adapt once on all inputs; oag: adapt on each image alone.")] = "ag",
+    modules: Annotated[str, typer.Option("--modules", help="Module(s) to fine-tune: S, L or LS.")] = "S",
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Most optimisation steps (early stopping may end sooner).")] = 40,
+    lr: Annotated[float, typer.Option("--lr")] = 1e-5,
+    patience: Annotated[int, typer.Option("--patience", min=1, help="Evaluations without improvement before stopping.")] = 2,
+    save_weights: Annotated[Optional[Path], typer.Option("--save-weights", help="ag: write the adapted checkpoint here.")] = None,
+    weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
+    batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
+    quiet: Quiet = False, recursive: Recursive = False,
+) -> None:
+    """Active generalization: fine-tune one module on the inputs with l_fid + l_sparse (S), then denoise and decompose."""
+    if mode not in ("ag", "oag"):
+        raise CLIError(f"--mode must be ag or oag, got {mode!r}")
+    if modules not in ("S", "L", "LS"):
+        raise CLIError(f"--modules must be S, L or LS, got {modules!r}")
+    if save_weights and mode != "ag":
+        raise CLIError("--save-weights goes with --mode ag (oag adapts a fresh copy per image)")
+    paths = expand_inputs(inputs, recursive)
+    if output.exists() and not output.is_dir():
+        raise CLIError(f"--output must be a folder, and {output} is a file")
+    plans = [{"denoised": output / f"{p.stem}.png", **outputs_for(output, p.stem, False)} for p in paths]
+    check_targets(paths, [f for plan in plans for f in plan.values()] + ([save_weights] if save_weights else []), force)
+    opts = inference_options(tile, overlap, batch, precision)
+    models = ModelCache(weights, device)
+    cfg = AdaptConfig(modules=modules, steps=steps, lr=lr, patience=patience)
+    loaded, failed = [], 0
+    for p in paths:
+        try:
+            loaded.append((p, read_image(p)))
+        except ImageError as e:
+            failed += 1
+            warn(f"error: {e}")
+    if not loaded:
+        raise typer.Exit(EXIT_FAILED)
+    base = models.get(loaded[0][1].channels)
+    shared = None
+    if mode == "ag":
+        t0 = time.perf_counter()
+        shared = adapt(base, [x for _, im in loaded for x in _as_model_channels(im.data, base.config.channels)], cfg, tile)
+        if not quiet:
+            warn(f"adapted module {modules} on {len(loaded)} images in {time.perf_counter() - t0:.1f} s "
+                 f"(best step {shared.best_step}, stopped: {shared.stop})")
+        if save_weights:
+            save_checkpoint(save_weights, shared.checkpoint.model, shared.checkpoint.training, shared.checkpoint.extra)
+    for (src, img), files in zip(loaded, plans):
+        t0 = time.perf_counter()
+        res = shared or adapt(models.get(img.channels), _as_model_channels(img.data, base.config.channels), cfg, tile)
+        seconds = time.perf_counter() - t0
+        dec = decompose(res.checkpoint, img, opts)
+        write_image(files["denoised"], dec.maps["L"] + dec.maps["S"], like=img)
+        record = write_decomposition(src, img, dec, {k: v for k, v in files.items() if k != "denoised"}, False,
+                                     res.checkpoint.source)
+        if json_out:
+            emit_json({"image": str(src), "output": str(files["denoised"]), "mode": mode, "modules": modules,
+                       "best_step": res.best_step, "stop": res.stop,
+                       "loss_start": res.history[0]["loss"], "loss_best": min(h["loss"] for h in res.history),
+                       "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
+                       **{k: record[k] for k in ("rank_index", "l_rank", "l_sparse", "l_fid")}})
+    if failed:
+        raise typer.Exit(EXIT_FAILED)

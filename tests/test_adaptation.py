@@ -1,0 +1,63 @@
+"""Active generalization: only the chosen module changes, and the best weights are kept."""
+import numpy as np
+import torch
+
+from conftest import tiny_model, write_png
+from indeed_cli.adaptation import AdaptConfig, adapt
+from indeed_cli.checkpoint import Checkpoint
+
+
+def _ckpt(c=1):
+    m = tiny_model(c)
+    return Checkpoint(m, m.cfg, {}, {}, "tiny")
+
+
+def _images(rng, c=1):
+    return [rng.random((c, 40, 36)).astype(np.float32) for _ in range(2)]
+
+
+def test_only_the_selected_module_changes(rng):
+    ck = _ckpt()
+    res = adapt(ck, _images(rng), AdaptConfig(modules="S", steps=4, lr=1e-2, eval_every=1, patience=10), tile=32)
+    before, after = ck.model.state_dict(), res.checkpoint.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("lowrank."))
+    if res.best_step > 0:
+        assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("sparse."))
+    assert res.history[0]["step"] == 0 and "sparse" in res.history[0] and "rank" not in res.history[0]
+
+
+def test_loss_never_ends_above_the_start(rng):
+    """A destructive learning rate makes the loss rise: the starting weights come back."""
+    ck = _ckpt()
+    res = adapt(ck, _images(rng), AdaptConfig(modules="LS", steps=6, lr=10.0, eval_every=1, patience=1), tile=32)
+    best = min(h["loss"] for h in res.history if np.isfinite(h["loss"]))
+    assert best <= res.history[0]["loss"]
+    if res.best_step == 0:
+        for k, v in ck.model.state_dict().items():
+            assert torch.equal(v, res.checkpoint.model.state_dict()[k])
+    assert res.stop in ("no improvement", "non-finite loss", "collapse", "steps")
+    assert res.checkpoint.training["adapted"]["stop"] == res.stop
+
+
+def test_collapse_guard_stops(rng):
+    ck = _ckpt()
+    res = adapt(ck, _images(rng), AdaptConfig(modules="S", steps=5, lr=1e-3, eval_every=1, patience=5,
+                                              collapse_ratio=10.0), tile=32)  # any step counts as collapse
+    assert res.stop == "collapse" and res.best_step == 0
+
+
+def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
+    d = tmp_path / "ood"
+    d.mkdir()
+    for n in ("a", "b"):
+        write_png(d / f"{n}.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    code, out, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "o", "-w", ckpt_paths[3], "--steps", "2",
+                             "--save-weights", tmp_path / "ad.safetensors", "--json")
+    assert code == 0, err
+    for n in ("a", "b"):
+        assert (tmp_path / "o" / f"{n}.png").exists() and (tmp_path / "o" / f"{n}.npz").exists()
+    from indeed_cli.checkpoint import read_metadata
+    assert read_metadata(tmp_path / "ad.safetensors")["training"]["adapted"]["modules"] == "S"
+    code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o2", "-w", ckpt_paths[3], "--steps", "1", "-q")
+    assert code == 0, err and len(list((tmp_path / "o2").glob("*.png"))) > 2
+    assert run_cli("adapt", d, "--mode", "xx", "-o", tmp_path / "o3")[0] == 2
