@@ -99,7 +99,7 @@ def main() -> None:
             labels.append(bool(mask.any()))
             classes.append(cls)
         secs = (time.perf_counter() - t0) / len(items)
-        classes_a, scores_a, labels_a = np.array(classes), np.array(scores), np.array(labels)
+        scores_a, labels_a = np.array(scores), np.array(labels)
         row = {"seconds_per_image": secs}
         for cls in ["all"] + DEFECTS:
             sel = [i for i, c in enumerate(classes) if cls == "all" or c in (cls, "normal")]

@@ -133,29 +133,21 @@ def to_pil(data: np.ndarray, bit_depth: int = 8, alpha: np.ndarray | None = None
 
 
 def atomic_save(image: Image.Image | bytes, path: str | Path, **save_kwargs) -> Path:
-    """Save to ``path`` via a temp file in the same folder and an atomic rename."""
+    """Save an image (or bytes) to ``path`` atomically, via :func:`atomic_write_via`."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def writer(tmp: Path) -> None:
         if isinstance(image, bytes):
             tmp.write_bytes(image)
         else:
             fmt = {".jpg": "JPEG", ".jpeg": "JPEG"}.get(path.suffix.lower(), None)
             image.save(tmp, format=fmt or Image.registered_extensions().get(path.suffix.lower(), "PNG"), **save_kwargs)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise ImageError(f"{path}: cannot write ({e.strerror or e})") from None
-    finally:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-    return path
+    return atomic_write_via(path, writer)
 
 
 def atomic_write_via(path: str | Path, writer) -> Path:
-    """Run ``writer(tmp_path)`` then rename into place (for npz/json outputs)."""
+    """Run ``writer(tmp_path)`` on a temp file in the same folder (same suffix), then rename it
+    into place: an interrupted run never leaves a partial output."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
     try:

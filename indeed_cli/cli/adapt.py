@@ -13,7 +13,7 @@ from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
-                     Tile, Weights, CLIError, check_targets, emit_json, expand_inputs, inference_options, warn)
+                     Tile, Weights, CLIError, check_targets, emit_json, expand_inputs, inference_options, report_failure, warn)
 from .decompose import outputs_for, write_decomposition
 
 
@@ -59,7 +59,7 @@ def adapt_cmd(
             loaded.append((p, read_image(p)))
         except ImageError as e:
             failed += 1
-            warn(f"error: {e}")
+            report_failure(p, e, json_out)
     if not loaded:
         raise typer.Exit(EXIT_FAILED)
     base = models.get(loaded[0][1].channels)

@@ -112,6 +112,13 @@ def warn(msg: str) -> None:
     sys.stderr.write(f"indeed: {msg}\n")
 
 
+def report_failure(src, error: Exception, json_out: bool) -> None:
+    """One line on stderr (and a JSON line with --json) for an input that could not be processed."""
+    warn(f"error: {error}")
+    if json_out:
+        emit_json({"image": str(src), "error": str(error)})
+
+
 class ModelCache:
     """Loads each checkpoint once; picks the bundled model by channel count when --weights is unset."""
 

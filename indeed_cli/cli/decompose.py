@@ -13,7 +13,7 @@ from ..inference import decompose, n_tiles
 from ..visualize import panel, viewable
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
                      Recursive, Tile, Weights, CLIError, check_targets, emit_json, expand_inputs,
-                     inference_options, progress_bar, warn)
+                     inference_options, progress_bar, report_failure)
 
 PNG_MAPS = ("L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S")
 
@@ -33,7 +33,7 @@ def write_decomposition(src: Path, img, dec, files: dict[str, Path], with_panel:
     views = viewable({**dec.maps, "N": arrays["N"] / img.scale})
     for k in PNG_MAPS:
         atomic_save(to_pil(views[k]), files[k])
-    atomic_write_via(files["npz"], lambda t: np.savez_compressed(open(t, "wb"), **arrays))
+    atomic_write_via(files["npz"], lambda t: np.savez_compressed(t, **arrays))
     record = {"image": str(src), "height": img.size[0], "width": img.size[1], "channels": img.channels,
               "scale": img.scale, **dec.stats(), "loss_units": "per pixel (per element of Y)",
               "weights": source, "outputs": {k: str(v) for k, v in files.items()}}
@@ -69,9 +69,7 @@ def decompose_cmd(
             record = write_decomposition(src, img, dec, files, with_panel, ckpt.source)
         except ImageError as e:
             failed += 1
-            warn(f"error: {e}")
-            if json_out:
-                emit_json({"image": str(src), "error": str(e)})
+            report_failure(src, e, json_out)
             continue
         if json_out:
             emit_json({k: v for k, v in record.items() if k != "rank_index_per_tile"})

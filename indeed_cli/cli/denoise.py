@@ -11,7 +11,7 @@ from ..imageio import ImageError, read_image, write_image
 from ..inference import denoise, n_tiles
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
                      Recursive, Tile, Weights, emit_json, expand_inputs, inference_options, plan_outputs,
-                     progress_bar, warn)
+                     progress_bar, report_failure)
 
 
 def denoise_cmd(
@@ -38,9 +38,7 @@ def denoise_cmd(
             write_image(dst, out, like=img)
         except ImageError as e:
             failed += 1
-            warn(f"error: {e}")
-            if json_out:
-                emit_json({"image": str(src), "error": str(e)})
+            report_failure(src, e, json_out)
             continue
         if json_out:
             emit_json({"image": str(src), "output": str(dst), "height": img.size[0], "width": img.size[1],

@@ -13,7 +13,7 @@ from ..imageio import ImageError, atomic_save, atomic_write_via, read_image
 from ..inference import n_tiles
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
                      Tile, Weights, CLIError, check_targets, emit_json, expand_inputs, inference_options,
-                     progress_bar, warn)
+                     progress_bar, report_failure, warn)
 
 
 def heat(v: np.ndarray) -> np.ndarray:
@@ -62,12 +62,10 @@ def detect_cmd(
             atomic_save(Image.fromarray(hm, "RGB"), files["_anomaly.png"])
             atomic_save(Image.fromarray(overlay, "RGB"), files["_overlay.png"])
             atomic_save(Image.fromarray(mask, "L"), files["_mask.png"])
-            atomic_write_via(files[".npz"], lambda p: np.savez_compressed(open(p, "wb"), anomaly_map=amap.astype(np.float32)))
+            atomic_write_via(files[".npz"], lambda p: np.savez_compressed(p, anomaly_map=amap.astype(np.float32)))
         except ImageError as e:
             failed += 1
-            warn(f"error: {e}")
-            if json_out:
-                emit_json({"image": str(src), "error": str(e)})
+            report_failure(src, e, json_out)
             continue
         anomalous = det.score > t
         flagged += anomalous
