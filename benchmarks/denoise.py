@@ -51,6 +51,24 @@ def seconds_per_mp(fn, channels: int, reps: int = 3) -> float:
     return float(np.median(ts)) / (512 * 512 / 1e6)
 
 
+def render(rows: list[dict], sigmas: list[float], sets: list[str], methods: list[str], forms: list[str]) -> None:
+    """Markdown tables: one per noise form, a row per set and method, '-' where not measured."""
+    for form in forms:
+        print(f"### Noise form: {form}\n")
+        print("| set | method | n | " + " | ".join(f"σ={s:g} PSNR / SSIM" for s in sigmas) + " |")
+        print("|---|---|---|" + "---|" * len(sigmas))
+        for set_name in sets:
+            for m in methods:
+                rs = {r["sigma"]: r for r in rows if r["set"] == set_name and r["method"] == m and r["form"] == form}
+                if not rs:
+                    continue
+                cells = [("-" if s not in rs else f"{rs[s]['psnr']:.2f} / {rs[s]['ssim']:.4f}" if rs[s]["ssim"] is not None
+                          else f"{rs[s]['psnr']:.2f}") for s in sigmas]
+                n = next(iter(rs.values()))["n"]
+                print(f"| {set_name} | {m} | {n} | " + " | ".join(cells) + " |")
+        print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="folder holding CBSD68/ Kodak24/ Set12/ BSD68/")
@@ -64,7 +82,13 @@ def main() -> None:
     ap.add_argument("--weights-gray", default=None)
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--json", default=None, help="also write all per-image rows here")
+    ap.add_argument("--from-rows", default=None, help="render the tables from the JSON rows an earlier run printed on stderr")
     a = ap.parse_args()
+    if a.from_rows:
+        rows = [json.loads(ln) for ln in Path(a.from_rows).read_text().splitlines() if ln.startswith("{")]
+        render(rows, sorted({r["sigma"] for r in rows}), list(dict.fromkeys(r["set"] for r in rows)),
+               list(dict.fromkeys(r["method"] for r in rows)), list(dict.fromkeys(r["form"] for r in rows)))
+        return
     sigmas = [float(s) for s in a.sigmas.split(",")]
     methods = a.methods.split(",")
     forms = a.forms.split(",")
@@ -100,20 +124,7 @@ def main() -> None:
     cmd = "python " + " ".join(sys.argv)
     print(f"\nCommand: `{cmd}`  \nMachine: {cpu_name()}, {__import__('os').cpu_count()} cores, torch threads "
           f"{__import__('torch').get_num_threads()}\n")
-    for form in forms:
-        print(f"### Noise form: {form}\n")
-        print("| set | method | n | " + " | ".join(f"σ={s:g} PSNR / SSIM" for s in sigmas) + " |")
-        print("|---|---|---|" + "---|" * len(sigmas))
-        for set_name in a.sets.split(","):
-            for m in methods:
-                rs = {r["sigma"]: r for r in rows if r["set"] == set_name and r["method"] == m and r["form"] == form}
-                if not rs:
-                    continue
-                cells = [f"{rs[s]['psnr']:.2f} / {rs[s]['ssim']:.4f}" if rs[s]["ssim"] is not None
-                         else f"{rs[s]['psnr']:.2f}" for s in sigmas]
-                n = next(iter(rs.values()))["n"]
-                print(f"| {set_name} | {m} | {n} | " + " | ".join(cells) + " |")
-        print()
+    render(rows, sigmas, a.sets.split(","), methods, forms)
     if timing:
         print("### CPU wall time (512x512, median)\n\n| method | channels | s / MP | s per 512x512 |\n|---|---|---|---|")
         for (m, c), t in sorted(timing.items()):
