@@ -159,3 +159,22 @@ def test_detect_writes_maps_and_json(run_cli, tmp_path, rng, detector):
     assert code == 0 and json.loads(out)["anomalous"] is False and json.loads(out)["threshold"] == 1e9
     code, _, err = run_cli("detect", a, "--maps", tmp_path / "m3", "-w", detector.parent / "tiny1.safetensors")
     assert code == 3
+
+
+def test_evaluate_detect_against_masks(run_cli, tmp_path, rng, detector):
+    d = tmp_path / "defects"
+    d.mkdir()
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (24, 30), dtype=np.uint8)).save(d / f"x{i}.jpg")
+        m = np.zeros((24, 30), np.uint8)
+        if i:
+            m[5:10, 5:12] = 255
+        Image.fromarray(m).save(d / f"x{i}.png")
+    code, out, err = run_cli("evaluate", "--task", "detect", d, "-w", detector, "--json")
+    assert code == 0, err
+    lines = [json.loads(l) for l in out.splitlines()]
+    per_image = [l for l in lines if "score" in l]
+    assert len(per_image) == 3  # the masks are not treated as images
+    assert [l["anomalous_gt"] for l in per_image] == [False, True, True]
+    summary = [l for l in lines if l.get("summary")]
+    assert summary[0]["group"] == "all" and 0 <= summary[0]["pixel_auroc"] <= 1

@@ -28,8 +28,56 @@ def _pairs(noisy: list[Path], clean_dir: Path, pattern: str) -> list[tuple[Path,
     return out
 
 
+def _evaluate_detect(inputs: list[str], mask_suffix: str, models, opts, json_out: bool, recursive: bool) -> None:
+    """Pixel AUROC/AP and image AUROC of `indeed detect` over images whose masks lie beside them."""
+    from PIL import Image
+    from ..detection import auroc, average_precision, detect
+    paths = expand_inputs(inputs, recursive)
+    # a mask file is not an input: drop X.png when X.<other> is also an input
+    stems = {(p.parent, p.stem) for p in paths if p.suffix.lower() != mask_suffix}
+    images = [p for p in paths if not (p.suffix.lower() == mask_suffix and (p.parent, p.stem) in stems)]
+    pix_s, pix_y, scores, labels, groups = [], [], [], [], []
+    for p in images:
+        try:
+            img = read_image(p)
+        except ImageError as e:
+            raise CLIError(str(e), 1) from None
+        det = detect(models.get(img.channels), img, opts)
+        mpath = p.with_suffix(mask_suffix)
+        mask = (np.asarray(Image.open(mpath).convert("L")) >= 128) if mpath.exists() and mpath != p else \
+            np.zeros(det.anomaly_map.shape, bool)
+        if mask.shape != det.anomaly_map.shape:
+            raise CLIError(f"{mpath}: mask size {mask.shape} differs from the image {det.anomaly_map.shape}", 1)
+        pix_s.append(det.anomaly_map.ravel())
+        pix_y.append(mask.ravel())
+        scores.append(det.score)
+        labels.append(bool(mask.any()))
+        groups.append(p.parent.name)
+        if json_out:
+            emit_json({"image": str(p), "score": round(det.score, 6), "anomalous_gt": bool(mask.any())})
+    summary = []
+    for g in ["all"] + sorted(set(groups)):
+        sel = [i for i, x in enumerate(groups) if g == "all" or x == g]
+        s_, y_ = np.concatenate([pix_s[i] for i in sel]), np.concatenate([pix_y[i] for i in sel])
+        summary.append({"summary": True, "group": g, "n": len(sel), "pixel_auroc": auroc(s_, y_),
+                        "pixel_ap": average_precision(s_, y_),
+                        "image_auroc": auroc(np.array(scores)[sel], np.array(labels)[sel])})
+    if json_out:
+        for r in summary:
+            emit_json(r)
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table("group", "images", "pixel AUROC", "pixel AP", "image AUROC", title="indeed evaluate --task detect")
+    for r in summary:
+        t.add_row(r["group"], str(r["n"]), *(f"{r[k]:.4f}" for k in ("pixel_auroc", "pixel_ap", "image_auroc")))
+    Console().print(t)
+
+
 def evaluate_cmd(
-    clean: Annotated[list[str], typer.Argument(help="Clean images (files, folders, globs).")],
+    clean: Annotated[list[str], typer.Argument(help="Clean images (files, folders, globs); with --task detect, images whose masks lie beside them.")],
+    task: Annotated[str, typer.Option("--task", help="denoise, or detect (pixel/image AUROC and AP against masks).")] = "denoise",
+    mask_suffix: Annotated[str, typer.Option("--mask-suffix", help="detect: the mask of X.jpg is X<suffix>; no mask = normal.")] = ".png",
     sigma: Annotated[list[float], typer.Option("--sigma", "-s", help="AWGN sigma in 8-bit units (repeatable).")] = [25.0],
     clipped: Annotated[bool, typer.Option("--clipped8", help="Clip and quantise the noisy input to 8 bits.")] = False,
     noisy: Annotated[Optional[Path], typer.Option("--noisy", help="Paired mode: folder of real noisy images.")] = None,
@@ -38,8 +86,13 @@ def evaluate_cmd(
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False,
 ) -> None:
-    """Score denoising: per-image and mean PSNR/SSIM, as a table or JSON lines."""
+    """Score denoising (PSNR/SSIM) or anomaly detection (AUROC/AP), as a table or JSON lines."""
     opts = inference_options(tile, overlap, batch, precision)
+    if task == "detect":
+        return _evaluate_detect(clean, mask_suffix.lower(), ModelCache(weights, device, task="detect"), opts,
+                                json_out, False)
+    if task != "denoise":
+        raise CLIError(f"--task must be denoise or detect, got {task!r}")
     models = ModelCache(weights, device)
     rows: list[dict] = []
     if noisy is not None:
