@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Inference throughput of `indeed denoise` (tiled, posterior means) in megapixels per second.
+"""Inference throughput of `indeed denoise` (or `--task detect`), tiled, in megapixels per second.
 
     python benchmarks/speed.py --device cpu --size 512
     python benchmarks/speed.py --device cuda --size 4096 --batch 64,256 --precision fp32,bf16
@@ -27,34 +27,44 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--weights", default=None)
     ap.add_argument("--channels", type=int, default=3)
-    ap.add_argument("--size", type=int, nargs="+", default=[512])
+    ap.add_argument("--size", nargs="+", default=["512"], help="N for NxN, or HxW (e.g. 300x400)")
+    ap.add_argument("--task", default="denoise", choices=["denoise", "detect"])
     ap.add_argument("--batch", default="8")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--overlap", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
-    ck = load_model(a.weights, a.channels, a.device)
+    if a.task == "detect":
+        from indeed_cli.checkpoint import load_checkpoint, resolve_weights
+        from indeed_cli.detection import detect
+        from indeed_cli.inference import resolve_device
+        ck = load_checkpoint(resolve_weights(a.weights, a.channels, "detect"), resolve_device(a.device))
+        run = detect
+    else:
+        ck = load_model(a.weights, a.channels, a.device)
+        run = denoise
     dev = next(ck.model.parameters()).device
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"Command: `python {' '.join(sys.argv)}`  \nDevice: {name}, torch {torch.__version__}\n")
     print("| size | batch | precision | s / image | MP/s |\n|---|---|---|---|---|")
     for size in a.size:
-        y = np.random.default_rng(0).random((a.channels, size, size), dtype=np.float32)
+        h, w = (int(v) for v in size.split("x")) if "x" in size else (int(size), int(size))
+        y = np.random.default_rng(0).random((a.channels, h, w), dtype=np.float32)
         for b in map(int, a.batch.split(",")):
             for p in a.precision.split(","):
                 o = InferenceOptions(overlap=a.overlap, batch=b, precision=p)
-                denoise(ck, y, o)
+                run(ck, y, o)
                 ts = []
                 for _ in range(a.reps):
                     if dev.type == "cuda":
                         torch.cuda.synchronize()
                     t = time.perf_counter()
-                    denoise(ck, y, o)
+                    run(ck, y, o)
                     if dev.type == "cuda":
                         torch.cuda.synchronize()
                     ts.append(time.perf_counter() - t)
                 s = float(np.median(ts))
-                print(f"| {size}x{size} | {b} | {p} | {s:.3f} | {size * size / s / 1e6:.2f} |", flush=True)
+                print(f"| {h}x{w} | {b} | {p} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
     print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
