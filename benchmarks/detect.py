@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mt_split import split  # noqa: E402
 from indeed_cli.checkpoint import load_checkpoint  # noqa: E402
-from indeed_cli.detection import anomaly_map_from_sparse, auroc, average_precision, image_score  # noqa: E402
+from indeed_cli.detection import anomaly_map_from_sparse, detection_metrics, image_score, load_mask  # noqa: E402
 from indeed_cli.imageio import read_image  # noqa: E402
 from indeed_cli.inference import sparse_mean  # noqa: E402
 
@@ -58,13 +57,6 @@ def rpca_sparse(Y: np.ndarray, max_iter: int = 100, tol: float = 1e-6) -> np.nda
     return S
 
 
-def load_mask(jpg: Path, shape) -> np.ndarray:
-    png = jpg.with_suffix(".png")
-    if not png.exists():
-        return np.zeros(shape, bool)
-    return np.asarray(Image.open(png).convert("L")) >= 128
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
@@ -93,20 +85,16 @@ def main() -> None:
                 mu_S = sparse_mean(models[m], img)
             amap = anomaly_map_from_sparse(mu_S)
             mask = load_mask(p, amap.shape)
-            maps.append(amap.ravel())
-            masks.append(mask.ravel())
+            maps.append(amap)
+            masks.append(mask)
             scores.append(image_score(amap))
             labels.append(bool(mask.any()))
             classes.append(cls)
         secs = (time.perf_counter() - t0) / len(items)
-        scores_a, labels_a = np.array(scores), np.array(labels)
         row = {"seconds_per_image": secs}
         for cls in ["all"] + DEFECTS:
             sel = [i for i, c in enumerate(classes) if cls == "all" or c in (cls, "normal")]
-            pix_s = np.concatenate([maps[i] for i in sel])
-            pix_y = np.concatenate([masks[i] for i in sel])
-            row[cls] = {"pixel_auroc": auroc(pix_s, pix_y), "pixel_ap": average_precision(pix_s, pix_y),
-                        "image_auroc": auroc(scores_a[sel], labels_a[sel]), "n_images": len(sel)}
+            row[cls] = detection_metrics(maps, masks, scores, labels, sel)
         results[m] = row
         print(json.dumps({m: row["all"], "s/img": round(secs, 3)}), file=sys.stderr, flush=True)
     print(f"Command: `python {' '.join(sys.argv)}`  \nNormal evaluation images: {sum(c == 'normal' for c, _ in items)}, "

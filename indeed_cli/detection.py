@@ -61,6 +61,28 @@ def calibrate(ckpt: Checkpoint, normal_images, opts: InferenceOptions | None = N
 
 
 # ------------------------------------------------------------------ metrics
+def load_mask(image_path, shape: tuple[int, int], suffix: str = ".png") -> np.ndarray:
+    """Ground-truth mask of an image: ``X<suffix>`` beside ``X.jpg``, binarised at 128;
+    all-normal when there is none.  Raises ValueError when its size differs from ``shape``."""
+    from pathlib import Path
+    from PIL import Image
+    mpath = Path(image_path).with_suffix(suffix)
+    if not mpath.exists() or mpath == Path(image_path):
+        return np.zeros(shape, bool)
+    mask = np.asarray(Image.open(mpath).convert("L")) >= 128
+    if mask.shape != tuple(shape):
+        raise ValueError(f"{mpath}: mask size {mask.shape} differs from the image {tuple(shape)}")
+    return mask
+
+
+def detection_metrics(maps: list[np.ndarray], masks: list[np.ndarray], scores, labels, select) -> dict:
+    """Pixel AUROC and AP over all pixels of the selected images, and image AUROC."""
+    pix_s = np.concatenate([maps[i].ravel() for i in select])
+    pix_y = np.concatenate([masks[i].ravel() for i in select])
+    return {"pixel_auroc": auroc(pix_s, pix_y), "pixel_ap": average_precision(pix_s, pix_y),
+            "image_auroc": auroc(np.asarray(scores)[select], np.asarray(labels)[select]), "n_images": len(select)}
+
+
 def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Area under the ROC curve (Mann-Whitney U with average ranks for ties)."""
     s = np.asarray(scores, dtype=np.float64).ravel()

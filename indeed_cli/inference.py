@@ -106,17 +106,18 @@ def _channel_adapter(model_c: int, image_c: int):
     raise ValueError(f"cannot run a {model_c}-channel model on a {image_c}-channel image")
 
 
-def _tile_decompose(ckpt: Checkpoint, image_c: int, full: bool, sparse_only: bool = False) -> Callable:
+def _tile_decompose(ckpt: Checkpoint, image_c: int, outputs: str) -> Callable:
+    """Per-tile function; ``outputs`` is "denoise" (L + S), "sparse" (mu_S) or "full" (all maps)."""
     model, priors = ckpt.model, ckpt.config.priors
     to_model, from_model = _channel_adapter(ckpt.config.channels, image_c)
 
     def fn(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
         Y = to_model(tiles)
         d = model(Y, sample=False).float()
-        if sparse_only:
+        if outputs == "sparse":
             return {"S": from_model(d.mu_S)}
         X = d.L_hat + d.mu_S
-        if not full:
+        if outputs == "denoise":
             return {"X": from_model(X)}
         mu_L, sigma_L = P.low_rank_moments(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B)
         a_g, b_g = P.gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, priors)
@@ -153,12 +154,12 @@ def _as_image(image) -> tuple[np.ndarray, LoadedImage | None]:
     return arr, None
 
 
-def _run(ckpt: Checkpoint, data: np.ndarray, full: bool, opts: InferenceOptions,
-         progress: Callable[[int], None] | None = None, sparse_only: bool = False):
+def _run(ckpt: Checkpoint, data: np.ndarray, outputs: str, opts: InferenceOptions,
+         progress: Callable[[int], None] | None = None):
     device = next(ckpt.model.parameters()).device
     if opts.tile % ckpt.config.multiple:
         raise ValueError(f"--tile must be a multiple of {ckpt.config.multiple}")
-    fn = _tile_decompose(ckpt, data.shape[0], full, sparse_only)
+    fn = _tile_decompose(ckpt, data.shape[0], outputs)
     with torch.inference_mode(), _autocast(device, opts.precision):
         return tiled_apply(fn, torch.from_numpy(data), opts.tile, opts.overlap, opts.batch_for(device),
                            device=device, progress=progress)
@@ -172,19 +173,19 @@ def n_tiles(h: int, w: int, opts: InferenceOptions) -> int:
 def denoise(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
     """Denoised image L + S (posterior means), float32 (C, h, w) in [0, 1] (not clipped)."""
     data, _ = _as_image(image)
-    maps, _ = _run(ckpt, data, False, opts or InferenceOptions(), progress)
+    maps, _ = _run(ckpt, data, "denoise", opts or InferenceOptions(), progress)
     return maps["X"].numpy()
 
 
 def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
     """Posterior mean of S only, float32 (C, h, w): the input of anomaly maps."""
     data, _ = _as_image(image)
-    maps, _ = _run(ckpt, data, False, opts or InferenceOptions(), progress, sparse_only=True)
+    maps, _ = _run(ckpt, data, "sparse", opts or InferenceOptions(), progress)
     return maps["S"].numpy()
 
 
 def decompose(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> Decomposed:
     """Posterior maps of L, S, N and the leaf variables, stitched over tiles."""
     data, _ = _as_image(image)
-    maps, grids = _run(ckpt, data, True, opts or InferenceOptions(), progress)
+    maps, grids = _run(ckpt, data, "full", opts or InferenceOptions(), progress)
     return Decomposed(data, {k: v.numpy() for k, v in maps.items()}, {k: v.numpy() for k, v in grids.items()})

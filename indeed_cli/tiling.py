@@ -124,8 +124,9 @@ def tiled_apply(fn: TileFn, image: Tensor, tile: int = 128, overlap: int = 32, b
 
     Work goes by rows of tiles (strips): a strip is cut on the CPU with reflected indices,
     moved to the device, split into tiles with ``unfold``, and the windowed outputs are
-    summed back with ``fold`` on the device; only finished strips return to the CPU.  Normalisation is the outer product of the 1-D tile coverages,
-    because the window is separable and the grid regular.
+    summed back with ``fold`` on the device; only finished strips return to the CPU.
+    Normalisation is the outer product of the 1-D tile coverages, because the window is
+    separable and the grid regular.
     """
     if image.dim() != 3:
         raise ValueError("image must be (C, h, w)")

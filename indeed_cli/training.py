@@ -270,8 +270,10 @@ def validate(model: InDeed, images: list[torch.Tensor], device: torch.device, si
 def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tensor], out_dir: Path,
           val_images: list[torch.Tensor] | None = None, device: str = "auto", facts: dict | None = None,
           make_batch: Callable | None = None, progress: bool = True, log: Callable[[str], None] = print) -> dict:
-    """``make_batch(sampler, n, tc, gen) -> (Y, targets)``; default: AWGN denoising batches."""
-    """Train (or resume) and export ``out_dir/model.safetensors``; returns the last log record."""
+    """Train (or resume) and export ``out_dir/model.safetensors``; returns the last log record.
+
+    ``make_batch(sampler, n, tc, gen) -> (Y, targets)`` makes each batch; default: AWGN denoising.
+    """
     dist = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank = int(os.environ.get("RANK", "0"))
     if dist:

@@ -38,7 +38,8 @@ def detect_cmd(
     paths = expand_inputs(inputs, recursive)
     if maps.exists() and not maps.is_dir():
         raise CLIError(f"--maps must be a folder, and {maps} is a file")
-    plans = [{k: maps / f"{p.stem}{k}" for k in ("_anomaly.png", "_overlay.png", "_mask.png", ".npz")} for p in paths]
+    plans = [{"anomaly": maps / f"{p.stem}_anomaly.png", "overlay": maps / f"{p.stem}_overlay.png",
+              "mask": maps / f"{p.stem}_mask.png", "npz": maps / f"{p.stem}.npz"} for p in paths]
     check_targets(paths, [f for plan in plans for f in plan.values()], force)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device, task="detect")
@@ -59,10 +60,10 @@ def detect_cmd(
             a = np.clip(view, 0, 1)[..., None] * 0.7
             overlay = (gray * (1 - a) + hm * a).astype(np.uint8)
             mask = ((amap > t) * 255).astype(np.uint8)
-            atomic_save(Image.fromarray(hm, "RGB"), files["_anomaly.png"])
-            atomic_save(Image.fromarray(overlay, "RGB"), files["_overlay.png"])
-            atomic_save(Image.fromarray(mask, "L"), files["_mask.png"])
-            atomic_write_via(files[".npz"], lambda p: np.savez_compressed(p, anomaly_map=amap.astype(np.float32)))
+            atomic_save(Image.fromarray(hm, "RGB"), files["anomaly"])
+            atomic_save(Image.fromarray(overlay, "RGB"), files["overlay"])
+            atomic_save(Image.fromarray(mask, "L"), files["mask"])
+            atomic_write_via(files["npz"], lambda p: np.savez_compressed(p, anomaly_map=amap.astype(np.float32)))
         except ImageError as e:
             failed += 1
             report_failure(src, e, json_out)
@@ -72,7 +73,7 @@ def detect_cmd(
         if json_out:
             emit_json({"image": str(src), "score": round(det.score, 6), "anomalous": bool(anomalous),
                        "threshold": t, "anomalous_fraction": round(float((amap > t).mean()), 6),
-                       "maps": {k.strip("_.").removesuffix(".png"): str(v) for k, v in files.items()}})
+                       "maps": {k: str(v) for k, v in files.items()}})
     if not quiet:
         warn(f"{flagged} of {len(paths) - failed} images flagged as anomalous")
     if failed:

@@ -30,26 +30,24 @@ def _pairs(noisy: list[Path], clean_dir: Path, pattern: str) -> list[tuple[Path,
 
 def _evaluate_detect(inputs: list[str], mask_suffix: str, models, opts, json_out: bool, recursive: bool) -> None:
     """Pixel AUROC/AP and image AUROC of `indeed detect` over images whose masks lie beside them."""
-    from PIL import Image
-    from ..detection import auroc, average_precision, detect
+    from ..detection import detect, detection_metrics, load_mask
     paths = expand_inputs(inputs, recursive)
     # a mask file is not an input: drop X.png when X.<other> is also an input
     stems = {(p.parent, p.stem) for p in paths if p.suffix.lower() != mask_suffix}
     images = [p for p in paths if not (p.suffix.lower() == mask_suffix and (p.parent, p.stem) in stems)]
-    pix_s, pix_y, scores, labels, groups = [], [], [], [], []
+    maps, masks, scores, labels, groups = [], [], [], [], []
     for p in images:
         try:
             img = read_image(p)
         except ImageError as e:
             raise CLIError(str(e), 1) from None
         det = detect(models.get(img.channels), img, opts)
-        mpath = p.with_suffix(mask_suffix)
-        mask = (np.asarray(Image.open(mpath).convert("L")) >= 128) if mpath.exists() and mpath != p else \
-            np.zeros(det.anomaly_map.shape, bool)
-        if mask.shape != det.anomaly_map.shape:
-            raise CLIError(f"{mpath}: mask size {mask.shape} differs from the image {det.anomaly_map.shape}", 1)
-        pix_s.append(det.anomaly_map.ravel())
-        pix_y.append(mask.ravel())
+        try:
+            mask = load_mask(p, det.anomaly_map.shape, mask_suffix)
+        except ValueError as e:
+            raise CLIError(str(e), 1) from None
+        maps.append(det.anomaly_map)
+        masks.append(mask)
         scores.append(det.score)
         labels.append(bool(mask.any()))
         groups.append(p.parent.name)
@@ -58,10 +56,8 @@ def _evaluate_detect(inputs: list[str], mask_suffix: str, models, opts, json_out
     summary = []
     for g in ["all"] + sorted(set(groups)):
         sel = [i for i, x in enumerate(groups) if g == "all" or x == g]
-        s_, y_ = np.concatenate([pix_s[i] for i in sel]), np.concatenate([pix_y[i] for i in sel])
-        summary.append({"summary": True, "group": g, "n": len(sel), "pixel_auroc": auroc(s_, y_),
-                        "pixel_ap": average_precision(s_, y_),
-                        "image_auroc": auroc(np.array(scores)[sel], np.array(labels)[sel])})
+        m = detection_metrics(maps, masks, scores, labels, sel)
+        summary.append({"summary": True, "group": g, "n": m.pop("n_images"), **m})
     if json_out:
         for r in summary:
             emit_json(r)
