@@ -178,3 +178,10 @@ def test_evaluate_detect_against_masks(run_cli, tmp_path, rng, detector):
     assert [l["anomalous_gt"] for l in per_image] == [False, True, True]
     summary = [l for l in lines if l.get("summary")]
     assert summary[0]["group"] == "all" and 0 <= summary[0]["pixel_auroc"] <= 1
+
+
+def test_json_lines_are_strict_json(capsys):
+    from indeed_cli.cli.common import emit_json
+    emit_json({"image_auroc": float("nan"), "x": [1.0, float("inf")], "nested": {"y": float("-inf")}})
+    assert json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-JSON {c}")) == \
+        {"image_auroc": None, "x": [1.0, None], "nested": {"y": None}}

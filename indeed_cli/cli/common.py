@@ -96,8 +96,19 @@ def check_targets(inputs: list[Path], targets: list[Path], force: bool) -> None:
             raise CLIError(f"output exists: {t} (use --force to overwrite)")
 
 
+def _finite(v):
+    """NaN/Inf are not JSON (jq and strict parsers reject them): emit null instead."""
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
 def emit_json(record: dict) -> None:
-    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.write(json.dumps(_finite(record), allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
