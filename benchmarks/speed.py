@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--overlap", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="also print torch.profiler's top operations (last setting)")
     a = ap.parse_args()
     if a.task == "detect":
         from indeed_cli.checkpoint import load_checkpoint, resolve_weights
@@ -66,6 +67,14 @@ def main() -> None:
                 s = float(np.median(ts))
                 print(f"| {h}x{w} | {b} | {p} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
     print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    if a.profile:  # where one run's time goes: CPU-side work vs device kernels and copies
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            run(ck, y, o)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=20))
 
 
 if __name__ == "__main__":

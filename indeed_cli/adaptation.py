@@ -3,18 +3,25 @@
   InDeedAG  (mode "ag"):  one adaptation on all images of a folder, then inference on each;
   InDeedOAG (mode "oag"): a fresh copy of the weights adapted on each image alone.
 
-Losses (the unsupervised part of the ELBO; other modules frozen):
+Objective (the unsupervised part of the ELBO; other modules frozen), as
+:func:`indeed_cli.posteriors.collapsed_objective`:
   S  -> l_fid + l_sparse   Eq. (active generalization loss)
   L  -> l_fid + l_rank     Eq. (active generalization loss:L)
   LS -> l_fid + l_rank + l_sparse   Eq. (active generalization loss:LS)
+with one noise precision per image by default (``noise_precision="image"``): with the
+paper's pixel-wise Lambda the objective is minimised by N = 0, i.e. by copying the noisy
+input (measured in docs/adapt.md).
 
-Early stopping (docs/adapt.md): every ``eval_every`` steps the same loss is evaluated with the
-posterior means on a fixed set of tiles; the best weights are kept; adaptation stops after
-``patience`` evaluations without improvement, on a non-finite loss, or when outputs collapse
-(the mean |N| on the evaluation tiles falls under ``collapse_ratio`` of its starting value,
-i.e. L + S is turning into a copy of the noisy input).  The weights returned are the best
-seen, which is the starting point if nothing improved: adaptation never makes the objective
-worse than where it started.
+Early stopping (docs/adapt.md): every ``eval_every`` steps the objective and the output
+L + S are evaluated with the posterior means on a fixed set of tiles.  Adaptation stops
+  - when the output has moved more than ``max_change`` (RMS, 8-bit units) from the output of
+    the starting weights: the trust region that bounds how far the network's function (its
+    Lipschitz behaviour, in the paper's words) may drift; the objective keeps falling beyond
+    it while the image is being smoothed away;
+  - after ``patience`` evaluations without improvement of the objective;
+  - on a non-finite loss, or on collapse (mean |N| below ``collapse_ratio`` of its start).
+The weights returned are the best evaluated ones inside the trust region, the starting
+weights if nothing improved: adaptation never makes the objective worse than where it started.
 """
 from __future__ import annotations
 
@@ -33,14 +40,16 @@ from .tiling import TileGrid
 @dataclass
 class AdaptConfig:
     modules: str = "S"
-    steps: int = 40
-    lr: float = 1e-5
+    steps: int = 20
+    lr: float = 1e-4
     batch: int = 8
-    eval_every: int = 5
-    patience: int = 2
+    eval_every: int = 2
+    patience: int = 3
     eval_tiles: int = 16
     max_tiles: int = 512
-    collapse_ratio: float = 0.5
+    max_change: float = 2.5  # RMS change of L + S on the evaluation tiles, 8-bit units
+    collapse_ratio: float = 0.2
+    noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
     seed: int = 0
 
 
@@ -52,19 +61,11 @@ class AdaptResult:
     stop: str = "steps"
 
 
-def adaptation_loss(model, Y: torch.Tensor, modules: str, sample: bool = True) -> tuple[torch.Tensor, dict]:
-    """Per-pixel l_fid + (l_sparse if S) + (l_rank if L), and |N| for the collapse guard."""
+def adaptation_loss(model, Y: torch.Tensor, cfg: AdaptConfig, sample: bool = True):
+    """Per-element objective of Eq. (active generalization loss) and the output L + S."""
     d = model(Y, sample=sample).float()
-    t = P.elbo_terms(d, Y.float(), model.cfg.priors)
-    per_px = float(Y[0].numel())
-    parts = {"fid": t["fid"].mean() / per_px}
-    if "S" in modules:
-        parts["sparse"] = t["sparse"].mean() / per_px
-    if "L" in modules:
-        parts["rank"] = t["rank"].mean() / per_px
-    total = sum(parts.values())
-    n_abs = (Y - d.L_hat - d.mu_S).abs().mean()
-    return total, {**{k: float(v.detach()) for k, v in parts.items()}, "abs_N": float(n_abs.detach())}
+    obj = P.collapsed_objective(d, Y.float(), cfg.modules, model.cfg.priors, cfg.noise_precision == "image")
+    return obj.mean() / float(Y[0].numel()), d.L_hat + d.mu_S
 
 
 def tiles_of(images: list[np.ndarray], tile: int, max_tiles: int, gen: torch.Generator) -> torch.Tensor:
@@ -83,6 +84,8 @@ def tiles_of(images: list[np.ndarray], tile: int, max_tiles: int, gen: torch.Gen
 def adapt(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptConfig(), tile: int = 128,
           log=None) -> AdaptResult:
     """Fine-tune a copy of ``ckpt`` on ``images`` ((C, h, w) floats in [0, 1], the model's channels)."""
+    if cfg.noise_precision not in ("image", "pixel"):
+        raise ValueError(f"noise_precision must be image or pixel, got {cfg.noise_precision!r}")
     device = next(ckpt.model.parameters()).device
     model = copy.deepcopy(ckpt.model).float()
     model.requires_grad_(False)
@@ -91,37 +94,40 @@ def adapt(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptCo
         p.requires_grad_(True)
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    pool = tiles_of(images, tile, cfg.max_tiles, gen)
-    eval_set = pool[: cfg.eval_tiles].to(device)
+    pool = tiles_of(images, tile, cfg.max_tiles, gen).to(device)
+    eval_set = pool[: cfg.eval_tiles]
     opt = torch.optim.Adam(trainable, lr=cfg.lr)
 
-    def evaluate() -> dict:
+    def evaluate(X0=None) -> tuple[dict, torch.Tensor]:
         model.eval()
         with torch.no_grad():
-            loss, parts = adaptation_loss(model, eval_set, cfg.modules, sample=False)
-        return {"loss": float(loss), **parts}
+            loss, X = adaptation_loss(model, eval_set, cfg, sample=False)
+            rec = {"loss": loss, "abs_N": (eval_set - X).abs().mean(),
+                   "change": 255 * (X - X0).square().mean().sqrt() if X0 is not None else torch.zeros(())}
+        return {k: float(v) for k, v in rec.items()}, X  # one host sync per evaluation
 
-    start = evaluate()
+    start, X0 = evaluate()
     best, best_state, best_step, bad, stop = start["loss"], copy.deepcopy(model.state_dict()), 0, 0, "steps"
     history = [{"step": 0, **start}]
     for step in range(1, cfg.steps + 1):
         model.train()
         idx = torch.randint(len(pool), (min(cfg.batch, len(pool)),), generator=gen)
-        loss, _ = adaptation_loss(model, pool[idx].to(device), cfg.modules, sample=True)
-        if not torch.isfinite(loss):
-            stop = "non-finite loss"
-            break
+        loss, _ = adaptation_loss(model, pool[idx.to(device)], cfg, sample=True)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if step % cfg.eval_every and step != cfg.steps:
             continue
-        rec = {"step": step, **evaluate()}
+        rec, _ = evaluate(X0)
+        rec = {"step": step, **rec}
         history.append(rec)
         if log:
             log(rec)
         if not math.isfinite(rec["loss"]):
             stop = "non-finite loss"
+            break
+        if rec["change"] > cfg.max_change:
+            stop = "trust region"
             break
         if rec["abs_N"] < cfg.collapse_ratio * start["abs_N"]:
             stop = "collapse"

@@ -48,11 +48,11 @@ def load_model(weights: str | None = None, channels: int = 3, device: str = "aut
 class InferenceOptions:
     tile: int = 128
     overlap: int = 32
-    batch: int | None = None  # default: 8 on CPU, 64 on GPU
+    batch: int | None = None  # default: 8 on CPU, 256 on GPU (docs/benchmarks.md)
     precision: str = "fp32"  # fp32 or bf16 (autocast)
 
     def batch_for(self, device: torch.device) -> int:
-        return self.batch or (64 if device.type == "cuda" else 8)
+        return self.batch or (256 if device.type == "cuda" else 8)
 
 
 @dataclass

@@ -63,6 +63,20 @@ def lambda_posterior(residual: Tensor, priors: Priors = Priors()) -> tuple[Tenso
     return alpha, beta
 
 
+def pooled_lambda_posterior(residual: Tensor, priors: Priors = Priors()) -> tuple[Tensor, Tensor]:
+    """Eq. (lambda formula) with one noise precision per sample instead of one per pixel.
+
+    Used by active generalization (docs/adapt.md): with a pixel-wise Lambda the adaptation
+    loss becomes a per-pixel log-penalty on the residual that drives N to zero (L + S copies
+    the noisy input); one precision per image keeps the noise model of an RPCA.  Returns
+    (alpha, beta) of shape (N,): alpha0 + m/2 and beta0_lambda + ||residual||^2 / 2 over
+    the m elements of each sample.
+    """
+    m = residual[0].numel()
+    beta = priors.beta0_lambda + 0.5 * residual.square().flatten(1).sum(1)
+    return torch.full_like(beta, priors.alpha0 + 0.5 * m), beta
+
+
 def gamma_mean(alpha: Tensor, beta: Tensor) -> Tensor:
     """E[x] = alpha / beta of a Gamma(alpha, beta) variable (mu_gamma, mu_Omega, mu_Lambda)."""
     return alpha / beta
@@ -155,6 +169,39 @@ def rank_index(alpha: Tensor, beta: Tensor, rel_threshold: float = 0.01, prob: f
     t = rel_threshold * inv_mean.amax(-1, keepdim=True)
     p = torch.special.gammainc(alpha.double(), (beta / t).double())
     return (p > prob).sum(-1)
+
+
+def collapsed_objective(d, Y: Tensor, modules: str, priors: Priors = Priors(), pooled_noise: bool = True) -> Tensor:
+    """Negative ELBO of the unsupervised terms with sub-problem 1 solved, per sample (N,).
+
+    Plugging the closed-form q(Lambda), q(Omega), q(gamma) (Eqs. lambda/omega/gamma formula)
+    back into l_fid + l_sparse (+ l_rank) and their Gamma KL terms leaves, up to constants,
+      fid:    (alpha0 + m/2) log(beta0_lambda + ||Y - L - S||^2 / 2)   (pooled Lambda), or
+              sum_ij (alpha0 + 1/2) log(beta0_lambda + r_ij^2 / 2)     (pixel-wise Lambda);
+      sparse: sum_ij (alpha0 + 1/2) log(beta0_omega + (mu_S^2 + sigma_S^2)/2) - log sigma_S;
+      rank:   sum_i (alpha0 + (h+w)/2) log(beta_gamma_i) - sum log sigma_A - sum log sigma_B.
+    Its gradient equals that of the losses with the leaf means held fixed (the leaf
+    posteriors are optimal, so their own variation does not contribute), but unlike those
+    losses its value is comparable between weights, which is what early stopping in
+    active generalization needs.  ``modules`` picks the
+    terms as in Eq. (active generalization loss): "S" -> fid + sparse, "L" -> fid + rank.
+    """
+    a0 = priors.alpha0
+    r = Y - d.L_hat - d.S_hat
+    if pooled_noise:
+        alpha, beta = pooled_lambda_posterior(r, priors)
+        total = alpha * torch.log(beta)
+    else:
+        total = ((a0 + 0.5) * torch.log(priors.beta0_lambda + 0.5 * r.square())).flatten(1).sum(1)
+    if "S" in modules:
+        e = 0.5 * (d.mu_S.square() + d.sigma_S.square())
+        total = total + ((a0 + 0.5) * torch.log(priors.beta0_omega + e)
+                         - torch.log(d.sigma_S + EPS)).flatten(1).sum(1)
+    if "L" in modules:
+        a_g, b_g = gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, priors)
+        total = total + (a_g * torch.log(b_g)).flatten(1).sum(1) \
+            - torch.log(d.sigma_A + EPS).flatten(1).sum(1) - torch.log(d.sigma_B + EPS).flatten(1).sum(1)
+    return total
 
 
 # --------------------------------------------------------------- one iteration

@@ -112,9 +112,19 @@ class TileGrid:
         return acc[self.margin:self.margin + length]
 
 
+def _to_cpu(t: Tensor) -> Tensor:
+    """Device -> host through pinned memory: a pageable copy of a large map ran at ~2 GB/s."""
+    if t.device.type != "cuda":
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t)
+    return out
+
+
 def tiled_apply(fn: TileFn, image: Tensor, tile: int = 128, overlap: int = 32, batch: int = 8,
                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                progress: Callable[[int], None] | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+                progress: Callable[[int], None] | None = None,
+                resident_bytes: int = 2 ** 31) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Run ``fn`` on overlapping tiles of a (C, h, w) CPU image and stitch its outputs.
 
     ``fn`` takes a (B, C, tile, tile) batch on ``device`` and returns a dict of tensors.
@@ -125,6 +135,9 @@ def tiled_apply(fn: TileFn, image: Tensor, tile: int = 128, overlap: int = 32, b
     Work goes by rows of tiles (strips): a strip is cut on the CPU with reflected indices,
     moved to the device, split into tiles with ``unfold``, and the windowed outputs are
     summed back with ``fold`` on the device; only finished strips return to the CPU.
+    On a GPU, an image of at most ``resident_bytes`` (float32) goes to the device once and
+    the maps are accumulated there: cutting strips and adding them up on the CPU, and the
+    many small pageable copies between, bounded GPU throughput (docs/benchmarks.md).
     Normalisation is the outer product of the 1-D tile coverages, because the window is
     separable and the grid regular.
     """
@@ -135,6 +148,10 @@ def tiled_apply(fn: TileFn, image: Tensor, tile: int = 128, overlap: int = 32, b
     device = torch.device(device)
     win = (g.ramp[:, None] * g.ramp[None, :]).to(device)
     cols = torch.from_numpy(g.cols_ext())
+    home = torch.device("cpu")  # where the image is cut and the maps are accumulated
+    if device.type == "cuda" and image.numel() * 4 <= resident_bytes:
+        home = device
+        image, cols = image.pin_memory().to(device, non_blocking=True), cols.to(device)
     nx, W_ext = len(g.xs), g.width_ext
     maps: dict[str, Tensor] = {}
     vectors: dict[str, list[Tensor]] = {}
@@ -144,7 +161,7 @@ def tiled_apply(fn: TileFn, image: Tensor, tile: int = 128, overlap: int = 32, b
     for g0 in range(0, len(g.ys), per_group):
         ys = g.ys[g0:g0 + per_group]
         tiles = torch.cat([
-            image[:, torch.from_numpy(g.rows(y))][:, :, cols]  # (C, tile, W_ext), cut on the CPU
+            image[:, torch.from_numpy(g.rows(y)).to(home)][:, :, cols]  # (C, tile, W_ext)
             .to(device=device, dtype=dtype, non_blocking=True)
             .unfold(2, tile, g.stride).permute(2, 0, 1, 3)  # (nx, C, tile, tile)
             for y in ys])
@@ -162,16 +179,16 @@ def tiled_apply(fn: TileFn, image: Tensor, tile: int = 128, overlap: int = 32, b
                     K = v.shape[1]
                     v = (v * win).permute(1, 2, 3, 0).reshape(1, K * tile * tile, nx)
                     row = F.fold(v, (tile, W_ext), (tile, tile), stride=(tile, g.stride))[0]  # (K, tile, W_ext)
-                    row = row[:, ty0:ty1, g.margin:g.margin + w].cpu()
+                    row = row[:, ty0:ty1, g.margin:g.margin + w].to(home)
                     if k not in maps:
-                        maps[k] = torch.zeros(K, h, w)
+                        maps[k] = torch.zeros(K, h, w, device=home)
                     maps[k][:, r0 + ty0:r0 + ty1] += row
                 else:
                     vectors.setdefault(k, []).append(v.cpu())
         if progress is not None:
             progress(nx * len(ys))
-    norm = g.coverage(g.ys, h)[:, None] * g.coverage(g.xs, w)[None, :]
+    norm = (g.coverage(g.ys, h)[:, None] * g.coverage(g.xs, w)[None, :]).to(home)
     for k in maps:
-        maps[k] /= norm
+        maps[k] = _to_cpu(maps[k] / norm)
     grids = {k: torch.cat(v).reshape(*g.shape, *v[0].shape[1:]) for k, v in vectors.items()}
     return maps, grids

@@ -21,7 +21,7 @@ def imgs(tmp_path, rng):
 def test_help_lists_the_commands(run_cli):
     code, out, _ = run_cli("--help")
     assert code == 0
-    for c in ("decompose", "denoise", "detect", "adapt", "train", "evaluate", "models"):
+    for c in ("decompose", "denoise", "detect", "adapt", "train", "evaluate", "calibrate", "models"):
         assert c in out
 
 

@@ -173,3 +173,60 @@ def test_leaf_means_are_detached_and_positive():
         assert not terms[k].requires_grad and (terms[k] > 0).all()
     for k in ("fid", "rank", "sparse", "orth"):
         assert terms[k].shape == (2,) and terms[k].requires_grad
+
+
+def test_pooled_lambda_update_minimises_fidelity_plus_prior_term():
+    pr = Priors(alpha0=2.0, beta0_lambda=0.02)
+    r = torch.tensor([[[[0.3, -0.1], [0.2, 0.05]]]])
+    m, ss = r.numel(), float(r.square().sum())
+
+    def objective(a, b):  # one precision shared by the m residuals of the sample
+        e_log = torch.special.digamma(a) - torch.log(b)
+        return -0.5 * m * e_log + a / b * ss / 2 + kl_gamma(a, b, pr.alpha0, pr.beta0_lambda)
+
+    a_num, b_num = minimise_gamma_objective(objective)
+    a, b = P.pooled_lambda_posterior(r, pr)
+    assert a.shape == (1,)
+    assert a.item() == pytest.approx(a_num, rel=1e-4)
+    assert b.item() == pytest.approx(b_num, rel=1e-4)
+
+
+def _decomposition(seed, n=2, c=1, h=6, w=5, r=3, requires_grad=False):
+    from indeed_cli.networks import Decomposition
+    g = torch.Generator().manual_seed(seed)
+    t = {k: torch.randn(n, c, *shape, generator=g) for k, shape in
+         (("mu_A", (h, r)), ("mu_B", (w, r)), ("mu_S", (h, w)))}
+    t.update({k: torch.rand(n, c, *shape, generator=g) + 0.1 for k, shape in
+              (("sigma_A", (h, r)), ("sigma_B", (w, r)), ("sigma_S", (h, w)))})
+    for v in t.values():
+        v.requires_grad_(requires_grad)
+    L = P.low_rank(t["mu_A"], t["mu_B"])
+    return Decomposition(A_hat=t["mu_A"], B_hat=t["mu_B"], L_hat=L, S_hat=t["mu_S"], **t), torch.randn(n, c, h, w, generator=g)
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_collapsed_objective_has_the_gradient_of_the_losses_with_fixed_leaf_means(pooled):
+    """Envelope theorem: the leaf posteriors are optimal, so only the explicit terms move."""
+    pr = Priors()
+    d, Y = _decomposition(3, requires_grad=True)
+    P.collapsed_objective(d, Y, "LS", pr, pooled).sum().backward()
+    got = {k: getattr(d, k).grad.clone() for k in ("mu_A", "mu_B", "mu_S", "sigma_A", "sigma_B", "sigma_S")}
+    d2, _ = _decomposition(3, requires_grad=True)
+    leaf = P.leaf_means(d2, Y, pr)
+    if pooled:
+        a, b = P.pooled_lambda_posterior(Y - d2.L_hat - d2.S_hat, pr)
+        leaf["mu_lambda"] = (a / b).view(-1, 1, 1, 1).detach()
+    loss = (P.fidelity_loss(Y, d2.L_hat, d2.S_hat, leaf["mu_lambda"])
+            + P.sparse_loss(d2.mu_S, d2.sigma_S, leaf["mu_omega"])
+            + P.rank_loss(d2.mu_A, d2.sigma_A, d2.mu_B, d2.sigma_B, leaf["mu_gamma"]))
+    loss.sum().backward()
+    for k, g in got.items():
+        assert torch.allclose(g, getattr(d2, k).grad, rtol=1e-6, atol=1e-9), k
+
+
+def test_collapsed_objective_terms_follow_modules():
+    d, Y = _decomposition(4)
+    fid = P.collapsed_objective(d, Y, "", Priors())
+    s, l_, ls = (P.collapsed_objective(d, Y, m, Priors()) for m in ("S", "L", "LS"))
+    assert torch.allclose(ls - fid, (s - fid) + (l_ - fid))
+    assert not torch.allclose(s, fid) and not torch.allclose(l_, fid)

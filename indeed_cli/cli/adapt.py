@@ -30,9 +30,11 @@ def adapt_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Output folder: <stem>.png and the decomposition files.")],
     mode: Annotated[str, typer.Option("--mode", help="ag: adapt once on all inputs; oag: adapt on each image alone.")] = "ag",
     modules: Annotated[str, typer.Option("--modules", help="Module(s) to fine-tune: S, L or LS.")] = "S",
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Most optimisation steps (early stopping may end sooner).")] = 40,
-    lr: Annotated[float, typer.Option("--lr")] = 1e-5,
-    patience: Annotated[int, typer.Option("--patience", min=1, help="Evaluations without improvement before stopping.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Most optimisation steps (early stopping may end sooner).")] = 20,
+    lr: Annotated[float, typer.Option("--lr")] = 1e-4,
+    patience: Annotated[int, typer.Option("--patience", min=1, help="Evaluations without improvement before stopping.")] = 3,
+    max_change: Annotated[float, typer.Option("--max-change", help="Trust region: stop when L + S has moved this much (RMS, 8-bit units).")] = 2.5,
+    noise_precision: Annotated[str, typer.Option("--noise-precision", help="image: one noise precision per image; pixel: the paper's pixel-wise Lambda.")] = "image",
     save_weights: Annotated[Optional[Path], typer.Option("--save-weights", help="ag: write the adapted checkpoint here.")] = None,
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
@@ -52,7 +54,10 @@ def adapt_cmd(
     check_targets(paths, [f for plan in plans for f in plan.values()] + ([save_weights] if save_weights else []), force)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device)
-    cfg = AdaptConfig(modules=modules, steps=steps, lr=lr, patience=patience)
+    if noise_precision not in ("image", "pixel"):
+        raise CLIError(f"--noise-precision must be image or pixel, got {noise_precision!r}")
+    cfg = AdaptConfig(modules=modules, steps=steps, lr=lr, patience=patience, max_change=max_change,
+                      noise_precision=noise_precision)
     loaded, failed = [], 0
     for p in paths:
         try:
@@ -79,7 +84,7 @@ def adapt_cmd(
         dec = decompose(res.checkpoint, img, opts)
         write_image(files["denoised"], dec.maps["L"] + dec.maps["S"], like=img)
         record = write_decomposition(src, img, dec, {k: v for k, v in files.items() if k != "denoised"}, False,
-                                     res.checkpoint.source)
+                                     res.checkpoint.source, res.checkpoint.extra.get("ood"))
         if json_out:
             emit_json({"image": str(src), "output": str(files["denoised"]), "mode": mode, "modules": modules,
                        "best_step": res.best_step, "stop": res.stop,

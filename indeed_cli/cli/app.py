@@ -13,6 +13,7 @@ from .evaluate import evaluate_cmd
 from .models import models_cmd
 from .train import train_cmd
 from .adapt import adapt_cmd
+from .calibrate import calibrate_cmd
 from .detect import detect_cmd
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ app.command("detect")(detect_cmd)
 app.command("adapt")(adapt_cmd)
 app.command("train")(train_cmd)
 app.command("evaluate")(evaluate_cmd)
+app.command("calibrate")(calibrate_cmd)
 app.command("models")(models_cmd)
 
 

@@ -33,7 +33,7 @@ Weights = Annotated[Optional[str], typer.Option(
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 Tile = Annotated[int, typer.Option("--tile", min=16, help="Tile size in pixels (multiple of 8).")]
 Overlap = Annotated[int, typer.Option("--overlap", min=0, help="Overlap between tiles in pixels.")]
-Batch = Annotated[Optional[int], typer.Option("--batch", min=1, help="Tiles per device batch (default 8 CPU, 64 GPU).")]
+Batch = Annotated[Optional[int], typer.Option("--batch", min=1, help="Tiles per device batch (default 8 CPU, 256 GPU).")]
 Precision = Annotated[str, typer.Option("--precision", help="fp32, or bf16 autocast (GPU).")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON line per image on stdout.")]
 Force = Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")]

@@ -10,6 +10,7 @@ import typer
 
 from ..imageio import ImageError, atomic_save, atomic_write_via, read_image, to_pil
 from ..inference import decompose, n_tiles
+from ..ood import ood_report
 from ..visualize import panel, viewable
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
                      Recursive, Tile, Weights, CLIError, check_targets, emit_json, expand_inputs,
@@ -27,15 +28,19 @@ def outputs_for(out_dir: Path, stem: str, with_panel: bool) -> dict[str, Path]:
     return files
 
 
-def write_decomposition(src: Path, img, dec, files: dict[str, Path], with_panel: bool, source: str) -> dict:
-    """Write the PNG maps, npz and json of one decomposed image; returns the json record."""
+def write_decomposition(src: Path, img, dec, files: dict[str, Path], with_panel: bool, source: str,
+                        ood: dict | None = None) -> dict:
+    """Write the PNG maps, npz and json of one decomposed image; returns the json record.
+
+    ``ood`` is the checkpoint's OOD statistics (``extra["ood"]``), None when it has none.
+    """
     arrays = dec.in_scale(img.scale)
     views = viewable({**dec.maps, "N": arrays["N"] / img.scale})
     for k in PNG_MAPS:
         atomic_save(to_pil(views[k]), files[k])
     atomic_write_via(files["npz"], lambda t: np.savez_compressed(t, **arrays))
     record = {"image": str(src), "height": img.size[0], "width": img.size[1], "channels": img.channels,
-              "scale": img.scale, **dec.stats(), "loss_units": "per pixel (per element of Y)",
+              "scale": img.scale, **dec.stats(), **ood_report(dec.stats(), ood), "loss_units": "per pixel (per element of Y)",
               "weights": source, "outputs": {k: str(v) for k, v in files.items()}}
     if with_panel and "panel" in files:
         atomic_save(panel(dec.Y, views, f"{src.name}  rank index n={record['rank_index']:.0f}"), files["panel"])
@@ -66,7 +71,7 @@ def decompose_cmd(
             ckpt = models.get(img.channels)
             with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
                 dec = decompose(ckpt, img, opts, progress=bar.update)
-            record = write_decomposition(src, img, dec, files, with_panel, ckpt.source)
+            record = write_decomposition(src, img, dec, files, with_panel, ckpt.source, ckpt.extra.get("ood"))
         except ImageError as e:
             failed += 1
             report_failure(src, e, json_out)

@@ -3,37 +3,59 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from ..imageio import ImageError, read_image, write_image
-from ..inference import denoise, n_tiles
-from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
-                     Recursive, Tile, Weights, emit_json, expand_inputs, inference_options, plan_outputs,
-                     progress_bar, report_failure)
+from ..inference import decompose, denoise, n_tiles
+from ..ood import ood_report
+from .common import (EXIT_FAILED, EXIT_WEIGHTS, Batch, CLIError, Device, Force, Json, ModelCache, Overlap,
+                     Precision, Quiet, Recursive, Tile, Weights, emit_json, expand_inputs, inference_options,
+                     plan_outputs, progress_bar, report_failure)
 
 
 def denoise_cmd(
     inputs: Annotated[list[str], typer.Argument(help="Image files, folders or glob patterns.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output file (one input) or folder.")],
+    auto_adapt: Annotated[bool, typer.Option("--auto-adapt", help="Run InDeedOAG (indeed adapt --mode oag) on images "
+                                             "the OOD score flags as out of distribution.")] = False,
+    ood_threshold: Annotated[Optional[float], typer.Option("--ood-threshold", help="Override the checkpoint's OOD threshold.")] = None,
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
     quiet: Quiet = False, recursive: Recursive = False,
 ) -> None:
-    """Denoise images with the InDeed posterior mean L + S."""
+    """Denoise images with the InDeed posterior mean L + S (--json adds the OOD score)."""
     paths = expand_inputs(inputs, recursive)
     targets = plan_outputs(paths, output, ".png", force)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device)
+    need_stats = json_out or auto_adapt  # the OOD score needs the full decomposition
     failed = 0
     for src, dst in zip(paths, targets):
         try:
             img = read_image(src)
             ckpt = models.get(img.channels)
+            if auto_adapt and not ckpt.extra.get("ood"):
+                raise CLIError(f"--auto-adapt needs OOD statistics, and {ckpt.source} has none "
+                               "(add them with `indeed calibrate`)", EXIT_WEIGHTS)
             t0 = time.perf_counter()
+            adapted = None
             with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
-                out = denoise(ckpt, img, opts, progress=bar.update)
+                if need_stats:
+                    dec = decompose(ckpt, img, opts, progress=bar.update)
+                    stats = ckpt.extra.get("ood")
+                    if stats and ood_threshold is not None:
+                        stats = {**stats, "threshold": ood_threshold}
+                    ood = ood_report(dec.stats(), stats)
+                    out = dec.maps["L"] + dec.maps["S"]
+                else:
+                    out = denoise(ckpt, img, opts, progress=bar.update)
+            if auto_adapt and ood["ood"]:
+                from ..adaptation import AdaptConfig, adapt
+                from .adapt import _as_model_channels
+                adapted = adapt(ckpt, _as_model_channels(img.data, ckpt.config.channels), AdaptConfig(), tile)
+                out = denoise(adapted.checkpoint, img, opts)
             seconds = time.perf_counter() - t0
             write_image(dst, out, like=img)
         except ImageError as e:
@@ -43,6 +65,7 @@ def denoise_cmd(
         if json_out:
             emit_json({"image": str(src), "output": str(dst), "height": img.size[0], "width": img.size[1],
                        "channels": img.channels, "bit_depth": img.bit_depth, "seconds": round(seconds, 3),
-                       "weights": ckpt.source})
+                       "weights": ckpt.source, **ood,
+                       "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop}})
     if failed:
         raise typer.Exit(EXIT_FAILED)

@@ -36,6 +36,7 @@ def train_cmd(
     export: Annotated[Optional[Path], typer.Option("--export", help="Also copy the checkpoint here.")] = None,
     log_every: Annotated[int, typer.Option("--log-every")] = 100,
     val_every: Annotated[int, typer.Option("--val-every")] = 1000,
+    ood_samples: Annotated[int, typer.Option("--ood-samples", help="denoise: noisy training crops for the OOD statistics (0 = skip).")] = 256,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Train InDeed on clean images with the paper's loss (resumes from --out if state exists)."""
@@ -74,6 +75,8 @@ def train_cmd(
         raise CLIError(str(e)) from None
     if task == "detect" and rec.get("rank", 0) == 0:
         _calibrate_detector(out / "model.safetensors", val_paths, device)
+    if task == "denoise" and rec.get("rank", 0) == 0 and ood_samples:
+        _calibrate_ood(out / "model.safetensors", paths, channels, ood_samples, device)
     if rec.get("rank", 0) != 0:  # other torchrun ranks: rank 0 reports and exports
         return
     typer.echo(f"step {rec.get('step')}: {out / 'model.safetensors'} " +
@@ -93,3 +96,15 @@ def _calibrate_detector(path: Path, normal_paths: list, device: str) -> None:
     calib = calibrate(ck, normal_paths)
     save_checkpoint(path, ck.model, ck.training, {**ck.extra, "detect": calib})
     typer.echo(f"threshold {calib['threshold']:.4g} from {calib['n_calibration']} held-out normal images", err=True)
+
+
+def _calibrate_ood(path: Path, paths: list, channels: int, samples: int, device: str) -> None:
+    """Store the OOD statistics of the training distribution in the checkpoint (docs/adapt.md)."""
+    from ..checkpoint import load_checkpoint, save_checkpoint
+    from ..inference import resolve_device
+    from ..ood import calibrate_ood
+    from ..training import load_images
+    ck = load_checkpoint(path, resolve_device(device))
+    facts = calibrate_ood(ck, load_images(paths, channels), samples)
+    save_checkpoint(path, ck.model, ck.training, {**ck.extra, "ood": facts})
+    typer.echo(f"OOD threshold {facts['threshold']:.3g} from {facts['n']} noisy training crops", err=True)
