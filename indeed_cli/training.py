@@ -50,6 +50,7 @@ class TrainConfig:
     time_limit: float = 0.0  # seconds for this call; 0 = no limit
     time_budget: float = 0.0  # total training seconds over all resumed calls; 0 = schedule by steps
     losses: LossWeights = field(default_factory=LossWeights)
+    init: str = ""  # checkpoint whose weights start a new run (fine-tuning); ignored when resuming
 
 
 # ------------------------------------------------------------------ data
@@ -302,6 +303,13 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
         if dist:  # every rank continues with its own stream
             gen.manual_seed(tc.seed * 1000 + rank + 7919 * step)
         log(f"resumed from {out_dir} at step {step}")
+    elif tc.init:  # fine-tune: start from a checkpoint's weights with a fresh optimizer and schedule
+        from .checkpoint import load_checkpoint
+        start = load_checkpoint(tc.init, dev)
+        if start.config != model_cfg:
+            raise ValueError(f"--init checkpoint {tc.init} has another model config than this run")
+        model.load_state_dict(start.model.state_dict())
+        log(f"initialised from {tc.init} ({start.training.get('steps', '?')} steps)")
     net = model
     if dist:
         from torch.nn.parallel import DistributedDataParallel
@@ -367,7 +375,7 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
         final = validate(model, val_images, dev) if val_images else {}
         record = {"step": step, "stop": stop_reason, "time_s": round(elapsed0 + time.time() - t0, 1), **final}
         _append_log(out_dir, record)
-        training_facts = {**(facts or {}), "steps": step, "train_seconds": round(elapsed0 + time.time() - t0),
+        training_facts = {**(facts or {}), "steps": step, "init": tc.init or None, "train_seconds": round(elapsed0 + time.time() - t0),
                           "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "batch": tc.batch, "patch": tc.patch,
                           "sigma_max": tc.sigma_max, "clip_prob": tc.clip_prob, "lr": tc.lr,
                           "losses": asdict(tc.losses), "validation": final}

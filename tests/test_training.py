@@ -107,3 +107,26 @@ def test_train_resumes_and_exports(tmp_path, rng):
     assert any("sparse" in l for l in logs)
     from indeed_cli.checkpoint import read_metadata
     assert read_metadata(out / "model.safetensors")["training"]["steps"] == 6
+
+
+def test_init_starts_from_checkpoint_weights(tmp_path, rng, run_cli):
+    from indeed_cli.checkpoint import load_checkpoint, read_metadata, save_checkpoint
+    from conftest import tiny_model
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    from indeed_cli.training import list_images, load_images
+    ims = load_images(list_images(data), 3)
+    start = save_checkpoint(tmp_path / "start.safetensors", tiny_model(3, seed=5), {"steps": 7})
+    msgs = []
+    tc = TrainConfig(steps=2, batch=2, patch=32, lr=0.0, lr_min=0.0, save_every=100, init=str(start))
+    train(tiny_config(3), tc, ims, tmp_path / "run", device="cpu", progress=False, log=msgs.append)
+    assert any("initialised from" in m for m in msgs)
+    a, b = load_checkpoint(start).model.state_dict(), load_checkpoint(tmp_path / "run" / "model.safetensors").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # lr 0: the exported weights are the initial ones
+    assert read_metadata(tmp_path / "run" / "model.safetensors")["training"]["init"] == str(start)
+    # a mismatching config is refused before training
+    code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "r2", "--init", start, "--channels", "1",
+                           "--val-count", "0", "--steps", "1", "-q")
+    assert code == 3 and "3-channel" in err

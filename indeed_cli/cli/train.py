@@ -33,6 +33,8 @@ def train_cmd(
     time_budget: Annotated[float, typer.Option("--time-budget", help="Total training seconds across resumes; the LR schedule follows it.")] = 0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     device: Annotated[str, typer.Option("--device")] = "auto",
+    init: Annotated[Optional[str], typer.Option("--init", help="Start from this checkpoint's weights (fine-tuning; "
+                                                "its model config is used). A bundled name, path or hf:// reference.")] = None,
     export: Annotated[Optional[Path], typer.Option("--export", help="Also copy the checkpoint here.")] = None,
     log_every: Annotated[int, typer.Option("--log-every")] = 100,
     val_every: Annotated[int, typer.Option("--val-every")] = 1000,
@@ -56,9 +58,20 @@ def train_cmd(
     if not paths:
         raise CLIError("no training images")
     cfg = ModelConfig(channels=channels, rank=rank, task=task, sparse_width=sparse_width, lowrank_width=lowrank_width)
+    init_path = ""
+    if init:
+        from ..checkpoint import CheckpointError, read_metadata, resolve_weights
+        try:
+            init_path = str(resolve_weights(init, channels, task))
+            cfg = ModelConfig.from_dict(read_metadata(init_path)["config"])
+        except CheckpointError as e:
+            raise CLIError(str(e), 3) from None
+        if cfg.task != task or cfg.channels != channels:
+            raise CLIError(f"--init {init} is a {cfg.channels}-channel {cfg.task} model; this run is a "
+                           f"{channels}-channel {task} one", 3)
     tc = TrainConfig(task=task, steps=steps, batch=batch, patch=patch, lr=lr, sigma_max=sigma_max, clip_prob=clip_prob,
                      seed=seed, time_limit=time_limit, time_budget=time_budget, log_every=log_every, val_every=val_every,
-                     losses=LossWeights(sigma0=sigma0, bayesian=not no_bayes))
+                     losses=LossWeights(sigma0=sigma0, bayesian=not no_bayes), init=init_path)
     typer.echo(f"training on {len(paths)} images, validating on {len(val_paths)}", err=True)
     facts = {"task": task, "data": [str(d) for d in data], "n_train": len(paths), "n_val": len(val_paths)}
     make_batch = None
