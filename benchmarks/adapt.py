@@ -159,6 +159,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=AdaptConfig.steps)
     ap.add_argument("--lr", type=float, default=AdaptConfig.lr)
     ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change)
+    ap.add_argument("--patience", type=int, default=AdaptConfig.patience)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--rows-out", type=Path)
     ap.add_argument("--from-rows", type=Path, nargs="*", default=[])
@@ -172,7 +173,7 @@ def main() -> None:
         ck = load_model(a.weights, 3, a.device)
         dev = str(next(ck.model.parameters()).device)
         opts = InferenceOptions(precision=a.precision)
-        acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change)
+        acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change, patience=a.patience)
         for m in methods:
             t = time.perf_counter()
             new = run_peer(m, data, dev) if m in ("ffdnet", "cbm3d") else run_indeed(m, ck, data, opts, acfg, dev)

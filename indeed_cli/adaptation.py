@@ -44,7 +44,7 @@ class AdaptConfig:
     lr: float = 1e-4
     batch: int = 8
     eval_every: int = 2
-    patience: int = 3
+    patience: int = 6
     eval_tiles: int = 16
     max_tiles: int = 512
     max_change: float = 2.5  # RMS change of L + S on the evaluation tiles, 8-bit units
@@ -95,7 +95,9 @@ def adapt(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptCo
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     pool = tiles_of(images, tile, cfg.max_tiles, gen).to(device)
-    eval_set = pool[: cfg.eval_tiles]
+    # at least one evaluation tile per image (up to 128): with many images (AG), 16 tiles
+    # misjudged the objective and stopped adaptation early (docs/adapt.md)
+    eval_set = pool[: max(cfg.eval_tiles, min(len(images), 128))]
     opt = torch.optim.Adam(trainable, lr=cfg.lr)
 
     def evaluate(X0=None) -> tuple[dict, torch.Tensor]:

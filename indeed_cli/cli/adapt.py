@@ -32,7 +32,7 @@ def adapt_cmd(
     modules: Annotated[str, typer.Option("--modules", help="Module(s) to fine-tune: S, L or LS.")] = "S",
     steps: Annotated[int, typer.Option("--steps", min=1, help="Most optimisation steps (early stopping may end sooner).")] = 20,
     lr: Annotated[float, typer.Option("--lr")] = 1e-4,
-    patience: Annotated[int, typer.Option("--patience", min=1, help="Evaluations without improvement before stopping.")] = 3,
+    patience: Annotated[int, typer.Option("--patience", min=1, help="Evaluations without improvement before stopping.")] = 6,
     max_change: Annotated[float, typer.Option("--max-change", help="Trust region: stop when L + S has moved this much (RMS, 8-bit units).")] = 2.5,
     noise_precision: Annotated[str, typer.Option("--noise-precision", help="image: one noise precision per image; pixel: the paper's pixel-wise Lambda.")] = "image",
     save_weights: Annotated[Optional[Path], typer.Option("--save-weights", help="ag: write the adapted checkpoint here.")] = None,
