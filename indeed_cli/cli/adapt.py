@@ -13,7 +13,7 @@ from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
-                     Tile, Weights, CLIError, check_targets, emit_json, expand_inputs, inference_options, report_failure, warn)
+                     Tile, Weights, CLIError, check_targets, require_folder, emit_json, expand_inputs, inference_options, report_failure, warn)
 from .decompose import outputs_for, write_decomposition
 
 
@@ -48,8 +48,7 @@ def adapt_cmd(
     if save_weights and mode != "ag":
         raise CLIError("--save-weights goes with --mode ag (oag adapts a fresh copy per image)")
     paths = expand_inputs(inputs, recursive)
-    if output.exists() and not output.is_dir():
-        raise CLIError(f"--output must be a folder, and {output} is a file")
+    require_folder(output, "--output")
     plans = [{"denoised": output / f"{p.stem}.png", **outputs_for(output, p.stem, False)} for p in paths]
     check_targets(paths, [f for plan in plans for f in plan.values()] + ([save_weights] if save_weights else []), force)
     opts = inference_options(tile, overlap, batch, precision)

@@ -82,6 +82,12 @@ def plan_outputs(inputs: list[Path], output: Path, suffix: str = ".png", force: 
     return targets
 
 
+def require_folder(path: Path, option: str) -> None:
+    """An output folder option must not name an existing file."""
+    if path.exists() and not path.is_dir():
+        raise CLIError(f"{option} must be a folder, and {path} is a file")
+
+
 def check_targets(inputs: list[Path], targets: list[Path], force: bool) -> None:
     ins = {p.resolve() for p in inputs}
     seen: dict[Path, int] = {}

@@ -13,7 +13,7 @@ from ..inference import decompose, n_tiles
 from ..ood import ood_report
 from ..visualize import panel, viewable
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
-                     Recursive, Tile, Weights, CLIError, check_targets, emit_json, expand_inputs,
+                     Recursive, Tile, Weights, check_targets, require_folder, emit_json, expand_inputs,
                      inference_options, progress_bar, report_failure)
 
 PNG_MAPS = ("L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S")
@@ -58,8 +58,7 @@ def decompose_cmd(
 ) -> None:
     """Decompose images into low-rank L, sparse S and noise N with their posteriors."""
     paths = expand_inputs(inputs, recursive)
-    if output.exists() and not output.is_dir():
-        raise CLIError(f"--output must be a folder, and {output} is a file")
+    require_folder(output, "--output")
     plans = [outputs_for(output, p.stem, with_panel) for p in paths]
     check_targets(paths, [f for plan in plans for f in plan.values()], force)
     opts = inference_options(tile, overlap, batch, precision)

@@ -12,7 +12,7 @@ from ..detection import detect
 from ..imageio import ImageError, atomic_save, atomic_write_via, read_image
 from ..inference import n_tiles
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
-                     Tile, Weights, CLIError, check_targets, emit_json, expand_inputs, inference_options,
+                     Tile, Weights, CLIError, check_targets, require_folder, emit_json, expand_inputs, inference_options,
                      progress_bar, report_failure, warn)
 
 
@@ -36,8 +36,7 @@ def detect_cmd(
 ) -> None:
     """Detect anomalies (defects) pixel by pixel; one JSON line per image with --json."""
     paths = expand_inputs(inputs, recursive)
-    if maps.exists() and not maps.is_dir():
-        raise CLIError(f"--maps must be a folder, and {maps} is a file")
+    require_folder(maps, "--maps")
     plans = [{"anomaly": maps / f"{p.stem}_anomaly.png", "overlay": maps / f"{p.stem}_overlay.png",
               "mask": maps / f"{p.stem}_mask.png", "npz": maps / f"{p.stem}.npz"} for p in paths]
     check_targets(paths, [f for plan in plans for f in plan.values()], force)
