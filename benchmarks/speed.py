@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--overlap", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the network first (compile time not counted)")
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's top operations (last setting)")
     a = ap.parse_args()
     if a.task == "detect":
@@ -45,6 +46,8 @@ def main() -> None:
         ck = load_model(a.weights, a.channels, a.device)
         run = denoise
     dev = next(ck.model.parameters()).device
+    if a.compile:  # the warm-up run below pays the compilation
+        ck.model.forward = torch.compile(ck.model.forward, dynamic=False)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"Command: `python {' '.join(sys.argv)}`  \nDevice: {name}, torch {torch.__version__}\n")
     print("| size | batch | precision | s / image | MP/s |\n|---|---|---|---|---|")

@@ -88,6 +88,7 @@ def adapt(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptCo
         raise ValueError(f"noise_precision must be image or pixel, got {cfg.noise_precision!r}")
     device = next(ckpt.model.parameters()).device
     model = copy.deepcopy(ckpt.model).float()
+    model.__dict__.pop("forward", None)  # a compiled forward (--compile) would run the original's weights
     model.requires_grad_(False)
     trainable = [p for m in model.modules_for(cfg.modules) for p in m.parameters()]
     for p in trainable:

@@ -74,3 +74,26 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
     assert code == 0, err
     assert (tmp_path / "o2" / "a.png").exists() and (tmp_path / "o2" / "b.png").exists()
     assert run_cli("adapt", d, "--mode", "xx", "-o", tmp_path / "o3")[0] == 2
+
+
+def test_adapted_copy_runs_its_own_weights_when_forward_was_wrapped(rng):
+    """`--compile` replaces model.forward on the instance; the adapted copy must not call the original."""
+    ck = _ckpt()
+    original = ck.model.forward
+    ck.model.forward = lambda *a, **k: original(*a, **k)  # what torch.compile(model.forward) amounts to
+    res = adapt(ck, _images(rng), AdaptConfig(modules="S", steps=2, lr=1e-2, eval_every=1, patience=10,
+                                              max_change=1e9), tile=32)
+    assert res.history[-1]["change"] > 0
+
+
+def test_compile_flag_compiles_the_network(run_cli, tmp_path, rng, ckpt_paths, monkeypatch):
+    calls = []
+
+    def fake_compile(fn, **kw):
+        calls.append(kw)
+        return fn
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    write_png(tmp_path / "a.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    code, _, err = run_cli("denoise", tmp_path / "a.png", "-o", tmp_path / "b.png", "-w", ckpt_paths[3], "--compile", "-q")
+    assert code == 0, err
+    assert calls == [{"dynamic": False}] and (tmp_path / "b.png").exists()

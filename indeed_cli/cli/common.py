@@ -39,6 +39,8 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON line per imag
 Force = Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Look into sub-folders of folder inputs.")]
+Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the network (tens of seconds once; "
+                                       "pays off on many images, docs/benchmarks.md).")]
 
 
 def expand_inputs(inputs: list[str], recursive: bool = False) -> list[Path]:
@@ -139,13 +141,13 @@ def report_failure(src, error: Exception, json_out: bool) -> None:
 class ModelCache:
     """Loads each checkpoint once; picks the bundled model by channel count when --weights is unset."""
 
-    def __init__(self, weights: str | None, device: str, task: str = "denoise"):
+    def __init__(self, weights: str | None, device: str, task: str = "denoise", compile: bool = False):
         from ..inference import resolve_device
         try:
             self.device = resolve_device(device)
         except RuntimeError as e:
             raise CLIError(str(e)) from None
-        self.weights, self.task = weights, task
+        self.weights, self.task, self.compile = weights, task, compile
         self._loaded: dict = {}
 
     def get(self, channels: int):
@@ -158,6 +160,9 @@ class ModelCache:
                 if ck.config.task != self.task:
                     raise CLIError(f"{path} is a {ck.config.task} checkpoint; this command needs a {self.task} one",
                                    EXIT_WEIGHTS)
+                if self.compile:  # fixed tile shapes: one compilation per batch size
+                    import torch
+                    ck.model.forward = torch.compile(ck.model.forward, dynamic=False)
                 self._loaded[key] = ck
             return self._loaded[key]
         except CheckpointError as e:

@@ -12,7 +12,7 @@ from ..imageio import ImageError, atomic_save, atomic_write_via, read_image, to_
 from ..inference import decompose, n_tiles
 from ..ood import ood_report
 from ..visualize import panel, viewable
-from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
+from .common import (Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
                      Recursive, Tile, Weights, check_targets, require_folder, emit_json, expand_inputs,
                      inference_options, progress_bar, report_failure)
 
@@ -54,7 +54,7 @@ def decompose_cmd(
     with_panel: Annotated[bool, typer.Option("--panel", help="Also write <stem>_panel.png, all maps side by side.")] = False,
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
-    quiet: Quiet = False, recursive: Recursive = False,
+    quiet: Quiet = False, recursive: Recursive = False, compile_net: Compile = False,
 ) -> None:
     """Decompose images into low-rank L, sparse S and noise N with their posteriors."""
     paths = expand_inputs(inputs, recursive)
@@ -62,7 +62,7 @@ def decompose_cmd(
     plans = [outputs_for(output, p.stem, with_panel) for p in paths]
     check_targets(paths, [f for plan in plans for f in plan.values()], force)
     opts = inference_options(tile, overlap, batch, precision)
-    models = ModelCache(weights, device)
+    models = ModelCache(weights, device, compile=compile_net)
     failed = 0
     for src, files in zip(paths, plans):
         try:

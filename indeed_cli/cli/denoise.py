@@ -10,7 +10,7 @@ import typer
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose, denoise, n_tiles
 from ..ood import ood_report
-from .common import (EXIT_FAILED, EXIT_WEIGHTS, Batch, CLIError, Device, Force, Json, ModelCache, Overlap,
+from .common import (Compile, EXIT_FAILED, EXIT_WEIGHTS, Batch, CLIError, Device, Force, Json, ModelCache, Overlap,
                      Precision, Quiet, Recursive, Tile, Weights, emit_json, expand_inputs, inference_options,
                      plan_outputs, progress_bar, report_failure)
 
@@ -23,13 +23,13 @@ def denoise_cmd(
     ood_threshold: Annotated[Optional[float], typer.Option("--ood-threshold", help="Override the checkpoint's OOD threshold.")] = None,
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
-    quiet: Quiet = False, recursive: Recursive = False,
+    quiet: Quiet = False, recursive: Recursive = False, compile_net: Compile = False,
 ) -> None:
     """Denoise images with the InDeed posterior mean L + S (--json adds the OOD score)."""
     paths = expand_inputs(inputs, recursive)
     targets = plan_outputs(paths, output, ".png", force)
     opts = inference_options(tile, overlap, batch, precision)
-    models = ModelCache(weights, device)
+    models = ModelCache(weights, device, compile=compile_net)
     need_stats = json_out or auto_adapt  # the OOD score needs the full decomposition
     failed = 0
     for src, dst in zip(paths, targets):

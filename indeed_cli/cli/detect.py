@@ -11,7 +11,7 @@ from PIL import Image
 from ..detection import detect
 from ..imageio import ImageError, atomic_save, atomic_write_via, read_image
 from ..inference import n_tiles
-from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
+from .common import (Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
                      Tile, Weights, CLIError, check_targets, require_folder, emit_json, expand_inputs, inference_options,
                      progress_bar, report_failure, warn)
 
@@ -32,7 +32,7 @@ def detect_cmd(
     threshold: Annotated[Optional[float], typer.Option("--threshold", help="Override the checkpoint's learned threshold.")] = None,
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
-    quiet: Quiet = False, recursive: Recursive = False,
+    quiet: Quiet = False, recursive: Recursive = False, compile_net: Compile = False,
 ) -> None:
     """Detect anomalies (defects) pixel by pixel; one JSON line per image with --json."""
     paths = expand_inputs(inputs, recursive)
@@ -41,7 +41,7 @@ def detect_cmd(
               "mask": maps / f"{p.stem}_mask.png", "npz": maps / f"{p.stem}.npz"} for p in paths]
     check_targets(paths, [f for plan in plans for f in plan.values()], force)
     opts = inference_options(tile, overlap, batch, precision)
-    models = ModelCache(weights, device, task="detect")
+    models = ModelCache(weights, device, task="detect", compile=compile_net)
     failed = flagged = 0
     for src, files in zip(paths, plans):
         try:
