@@ -31,7 +31,7 @@ from indeed_cli.adaptation import AdaptConfig, adapt  # noqa: E402
 from indeed_cli.detection import auroc  # noqa: E402
 from indeed_cli.imageio import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr, ssim  # noqa: E402
-from indeed_cli.ood import ood_score  # noqa: E402
+from indeed_cli.ood import ood_features, ood_score  # noqa: E402
 
 
 def estimate_sigma255(y: np.ndarray) -> float:
@@ -97,13 +97,13 @@ def ood_rows(ck, data, clean_dir: Path, sigma: float, limit: int | None, opts) -
     ood = ck.extra.get("ood")
     if not ood:
         raise SystemExit("the checkpoint has no OOD statistics (indeed calibrate)")
-    rows = [{"method": "ood", "set": "real", "image": n, "ood_score": ood_score(decompose(ck, y, opts).stats(), ood)}
+    rows = [{"method": "ood", "set": "real", "image": n, "ood_score": ood_score(ood_features(decompose(ck, y, opts)), ood)}
             for n, y, _ in data]
     clean = sorted(p for p in clean_dir.iterdir() if p.suffix.lower() in (".png", ".jpg", ".bmp", ".tif"))
     for p in clean[:limit] if limit else clean:
         y = add_awgn(read_image(p).data, sigma, image_seed(p.name, sigma))
         rows.append({"method": "ood", "set": f"awgn{sigma:g}", "image": p.name,
-                     "ood_score": ood_score(decompose(ck, y, opts).stats(), ood)})
+                     "ood_score": ood_score(ood_features(decompose(ck, y, opts)), ood)})
     for r in rows:
         r["threshold"] = ood["threshold"]
     return rows
@@ -166,7 +166,7 @@ def main() -> None:
     a = ap.parse_args()
     rows = [json.loads(line) for f in a.from_rows for line in f.read_text().splitlines() if line.strip()]
     methods = [m for m in a.methods.split(",") if m]
-    if a.data and methods:
+    if a.data:
         data = [(n.name, read_image(n).data, read_image(c).data) for n, c in pairs(a.data, a.limit, a.split)]
         rows += [{"method": "noisy input", "image": n, "psnr": psnr(y, x), "ssim": ssim(y, x), "seconds": 0.0}
                  for n, y, x in data]

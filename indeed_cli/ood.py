@@ -5,18 +5,18 @@ trained on synthetic Gaussian noise) sit away from the training set in the plane
 (l_rank, l_sparse), the per-pixel KL terms of the low-rank and sparse posteriors.  We make
 that a number:
 
-1. features: (l_rank, l_sparse) of the image, per element of Y, as `indeed decompose`
-   reports them (means over tiles);
-2. at training time (or later, `indeed calibrate-ood`), the same features of training
-   images with the training noise (sigma ~ U(0, sigma_max], half clipped to 8 bits) are
-   standardised (mean, std per feature) and stored in the checkpoint metadata
-   (``extra["ood"]``) together with the standardised points themselves;
-3. score = distance, in standardised units, from the image's features to the k-th nearest
-   training point.  The training features lie on a curve parameterised by the noise level,
-   not in a Gaussian blob, so a nearest-neighbour distance follows that curve where a
-   Mahalanobis distance to the mean would not;
-4. threshold = the 99th percentile of the same (leave-one-out) score of the training points:
-   an image is flagged OOD when its score exceeds it.
+1. features: (l_rank, l_sparse) per element of Y, for every inference tile of the image
+   (`Decomposed.tiles`; the image-level values `indeed decompose` reports are their means);
+2. at training time (or later, `indeed calibrate`), the same tile features of training images
+   under the training noise (sigma ~ U(0, sigma_max], half clipped to 8 bits) are standardised
+   (mean, std per feature) and stored in the checkpoint metadata (``extra["ood"]``) together
+   with the standardised points themselves;
+3. score = the median over the image's tiles of the distance, in standardised units, from the
+   tile's features to the k-th nearest training tile.  The training features lie on a curve
+   parameterised by the noise level, not in a Gaussian blob, which a nearest-neighbour distance
+   follows; the median over tiles keeps a few unusual tiles (an edge, a flat sky) from deciding;
+4. threshold = the 99th percentile of the same score of the training images, each scored
+   against the tiles of the other training images: an image is flagged when its score exceeds it.
 """
 from __future__ import annotations
 
@@ -27,55 +27,60 @@ DEFAULT_K = 5
 DEFAULT_QUANTILE = 0.99
 
 
-def ood_features(stats: dict) -> np.ndarray:
-    """(l_rank, l_sparse) of one image from :meth:`Decomposed.stats`."""
-    return np.array([float(stats[k]) for k in FEATURES], dtype=np.float64)
+def ood_features(dec) -> np.ndarray:
+    """(n_tiles, 2) array of (l_rank, l_sparse) per tile of a :class:`Decomposed`."""
+    return np.stack([np.asarray(dec.tiles[k], dtype=np.float64).ravel() for k in FEATURES], 1)
 
 
-def _knn_distance(z: np.ndarray, points: np.ndarray, k: int, exclude_self: bool = False) -> np.ndarray:
+def _knn_distance(z: np.ndarray, points: np.ndarray, k: int) -> np.ndarray:
     """Distance from each row of z to its k-th nearest row of points."""
     d = np.sqrt(((z[:, None, :] - points[None, :, :]) ** 2).sum(-1))
-    if exclude_self:
-        np.fill_diagonal(d, np.inf)
-    k = min(k, d.shape[1] - (1 if exclude_self else 0))
-    return np.sort(d, axis=1)[:, k - 1]
+    return np.sort(d, axis=1)[:, min(k, d.shape[1]) - 1]
 
 
-def fit_ood(features: np.ndarray, k: int = DEFAULT_K, quantile: float = DEFAULT_QUANTILE) -> dict:
-    """Training statistics for :func:`ood_score` from an (n, 2) array of training features.
+def _image_score(z: np.ndarray, points: np.ndarray, k: int) -> float:
+    return float(np.median(_knn_distance(z, points, k)))
 
-    Returns a JSON-able dict: mean, std, the standardised points, k and the threshold
-    (the ``quantile`` of the training points' own leave-one-out scores).
+
+def fit_ood(images: list[np.ndarray], k: int = DEFAULT_K, quantile: float = DEFAULT_QUANTILE) -> dict:
+    """Training statistics for :func:`ood_score` from per-image (n_i, 2) tile features.
+
+    Returns a JSON-able dict: mean, std, the standardised tile points, k and the threshold
+    (the ``quantile`` of the training images' scores, each against the other images' tiles).
     """
-    f = np.asarray(features, dtype=np.float64)
-    if f.ndim != 2 or f.shape[1] != len(FEATURES) or len(f) < 2:
-        raise ValueError(f"need an (n >= 2, {len(FEATURES)}) array of training features")
-    mean, std = f.mean(0), f.std(0) + 1e-12
-    z = (f - mean) / std
-    own = _knn_distance(z, z, k, exclude_self=True)
-    return {"features": list(FEATURES), "mean": mean.tolist(), "std": std.tolist(),
-            "points": np.round(z, 4).tolist(), "k": int(k), "quantile": quantile,
-            "threshold": float(np.quantile(own, quantile)), "n": int(len(f))}
+    feats = [np.asarray(f, dtype=np.float64).reshape(-1, len(FEATURES)) for f in images]
+    if len(feats) < 2 or any(len(f) == 0 for f in feats):
+        raise ValueError(f"need tile features (n, {len(FEATURES)}) of at least 2 images")
+    allf = np.concatenate(feats)
+    mean, std = allf.mean(0), allf.std(0) + 1e-12
+    zs = [(f - mean) / std for f in feats]
+    owner = np.concatenate([np.full(len(z), i) for i, z in enumerate(zs)])
+    points = np.concatenate(zs)
+    own = [_image_score(z, points[owner != i], k) for i, z in enumerate(zs)]
+    return {"features": list(FEATURES), "per": "tile", "aggregate": "median", "mean": mean.tolist(),
+            "std": std.tolist(), "points": np.round(points, 4).tolist(), "k": int(k), "quantile": quantile,
+            "threshold": float(np.quantile(own, quantile)), "n": len(feats), "n_points": int(len(points))}
 
 
-def ood_score(stats: dict, ood: dict) -> float:
-    """Standardised k-NN distance of one image's (l_rank, l_sparse) to the training points."""
-    z = (ood_features(stats) - np.asarray(ood["mean"])) / np.asarray(ood["std"])
-    return float(_knn_distance(z[None], np.asarray(ood["points"]), int(ood["k"]))[0])
+def ood_score(features: np.ndarray, ood: dict) -> float:
+    """Median over tiles of the standardised k-NN distance to the training tiles."""
+    z = (np.asarray(features, dtype=np.float64).reshape(-1, len(FEATURES)) - np.asarray(ood["mean"])) \
+        / np.asarray(ood["std"])
+    return _image_score(z, np.asarray(ood["points"]), int(ood["k"]))
 
 
-def ood_report(stats: dict, ood: dict | None) -> dict:
+def ood_report(features: np.ndarray, ood: dict | None) -> dict:
     """The fields `decompose/denoise --json` print: score, threshold, flag (None without stats)."""
     if not ood:
         return {"ood_score": None, "ood_threshold": None, "ood": None}
-    score = ood_score(stats, ood)
+    score = ood_score(features, ood)
     return {"ood_score": round(score, 4), "ood_threshold": round(float(ood["threshold"]), 4),
             "ood": bool(score > ood["threshold"])}
 
 
 def training_features(ckpt, images, n: int = 256, sigma_max: float = 75.0, clip_prob: float = 0.5,
-                      crop: int = 256, seed: int = 0, opts=None) -> np.ndarray:
-    """(n, 2) features of training images under the training noise, for :func:`fit_ood`.
+                      crop: int = 512, seed: int = 0, opts=None) -> list[np.ndarray]:
+    """Tile features of ``n`` noisy training images, for :func:`fit_ood`.
 
     ``images`` are uint8 (C, h, w) tensors as :func:`indeed_cli.training.load_images` gives;
     each sample is a random ``crop`` x ``crop`` crop (the whole image when smaller) with
@@ -95,8 +100,8 @@ def training_features(ckpt, images, n: int = 256, sigma_max: float = 75.0, clip_
         x0 = int(torch.randint(max(1, w - crop + 1), (1,), generator=gen))
         clean = im[None, :, y0:y0 + crop, x0:x0 + crop].float() / 255.0
         noisy, _ = add_noise(clean, sigma_max, clip_prob, gen)
-        out.append(ood_features(decompose(ckpt, noisy[0].numpy(), opts).stats()))
-    return np.stack(out)
+        out.append(ood_features(decompose(ckpt, noisy[0].numpy(), opts)))
+    return out
 
 
 def calibrate_ood(ckpt, images, n: int = 256, seed: int = 0) -> dict:

@@ -10,7 +10,7 @@ import typer
 
 from ..imageio import ImageError, atomic_save, atomic_write_via, read_image, to_pil
 from ..inference import decompose, n_tiles
-from ..ood import ood_report
+from ..ood import ood_features, ood_report
 from ..visualize import panel, viewable
 from .common import (Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
                      Recursive, Tile, Weights, check_targets, require_folder, emit_json, expand_inputs,
@@ -40,7 +40,7 @@ def write_decomposition(src: Path, img, dec, files: dict[str, Path], with_panel:
         atomic_save(to_pil(views[k]), files[k])
     atomic_write_via(files["npz"], lambda t: np.savez_compressed(t, **arrays))
     record = {"image": str(src), "height": img.size[0], "width": img.size[1], "channels": img.channels,
-              "scale": img.scale, **dec.stats(), **ood_report(dec.stats(), ood), "loss_units": "per pixel (per element of Y)",
+              "scale": img.scale, **dec.stats(), **ood_report(ood_features(dec), ood), "loss_units": "per pixel (per element of Y)",
               "weights": source, "outputs": {k: str(v) for k, v in files.items()}}
     if with_panel and "panel" in files:
         atomic_save(panel(dec.Y, views, f"{src.name}  rank index n={record['rank_index']:.0f}"), files["panel"])

@@ -9,7 +9,7 @@ import typer
 
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose, denoise, n_tiles
-from ..ood import ood_report
+from ..ood import ood_features, ood_report
 from .common import (Compile, EXIT_FAILED, EXIT_WEIGHTS, Batch, CLIError, Device, Force, Json, ModelCache, Overlap,
                      Precision, Quiet, Recursive, Tile, Weights, emit_json, expand_inputs, inference_options,
                      plan_outputs, progress_bar, report_failure)
@@ -47,7 +47,7 @@ def denoise_cmd(
                     stats = ckpt.extra.get("ood")
                     if stats and ood_threshold is not None:
                         stats = {**stats, "threshold": ood_threshold}
-                    ood = ood_report(dec.stats(), stats)
+                    ood = ood_report(ood_features(dec), stats)
                     out = dec.maps["L"] + dec.maps["S"]
                 else:
                     out = denoise(ckpt, img, opts, progress=bar.update)
