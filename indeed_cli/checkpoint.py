@@ -211,8 +211,12 @@ def _describe(path: Path, origin: str, name: str) -> dict:
     try:
         meta = read_metadata(path)
         cfg = meta["config"]
+        extra = meta["extra"]
         row.update(task=cfg.get("task"), channels=cfg.get("channels"), rank=cfg.get("rank"),
-                   training=meta["training"])
+                   training=meta["training"],
+                   # the deployment thresholds, not the OOD training points (tens of kB)
+                   ood_threshold=(extra.get("ood") or {}).get("threshold"),
+                   detect_threshold=(extra.get("detect") or {}).get("threshold"))
     except CheckpointError as e:
         row["error"] = str(e)
     return row

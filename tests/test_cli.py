@@ -132,6 +132,25 @@ def test_models_lists_bundled(run_cli):
     assert code == 0 and {r["channels"] for r in rows if r["origin"] == "bundled"} == {1, 3}
 
 
+def test_models_shows_deployment_thresholds(run_cli, tmp_path, monkeypatch):
+    from conftest import tiny_model
+    from indeed_cli.checkpoint import save_checkpoint
+    wdir = tmp_path / "w"
+    save_checkpoint(wdir / "den.safetensors", tiny_model(3), {}, {"ood": {"threshold": 0.25, "points": [[0, 0]]}})
+    save_checkpoint(wdir / "det.safetensors", tiny_model(1, task="detect"), {}, {"detect": {"threshold": 0.5}})
+    save_checkpoint(wdir / "raw.safetensors", tiny_model(1), {})
+    monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(wdir))
+    monkeypatch.setenv("COLUMNS", "250")  # rich would otherwise shorten the cells
+    code, out, _ = run_cli("models", "--json")
+    rows = {r["name"]: r for r in map(json.loads, out.splitlines()) if r["origin"] == "bundled"}
+    assert code == 0 and set(rows) == {"den", "det", "raw"}
+    assert (rows["den"]["ood_threshold"], rows["den"]["detect_threshold"]) == (0.25, None)
+    assert (rows["det"]["ood_threshold"], rows["det"]["detect_threshold"]) == (None, 0.5)
+    assert rows["raw"]["ood_threshold"] is None and "points" not in out
+    code, out, _ = run_cli("models")
+    assert code == 0 and "ood 0.25" in out and "anomaly 0.5" in out
+
+
 @pytest.fixture
 def detector(tmp_path, ckpt_paths):
     from conftest import tiny_model
