@@ -160,6 +160,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=AdaptConfig.lr)
     ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change)
     ap.add_argument("--patience", type=int, default=AdaptConfig.patience)
+    ap.add_argument("--eval-every", type=int, default=AdaptConfig.eval_every)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--rows-out", type=Path)
     ap.add_argument("--from-rows", type=Path, nargs="*", default=[])
@@ -173,7 +174,8 @@ def main() -> None:
         ck = load_model(a.weights, 3, a.device)
         dev = str(next(ck.model.parameters()).device)
         opts = InferenceOptions(precision=a.precision)
-        acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change, patience=a.patience)
+        acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change, patience=a.patience,
+                           eval_every=a.eval_every)
         for m in methods:
             t = time.perf_counter()
             new = run_peer(m, data, dev) if m in ("ffdnet", "cbm3d") else run_indeed(m, ck, data, opts, acfg, dev)
