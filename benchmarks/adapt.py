@@ -174,7 +174,7 @@ def main() -> None:
         ck = load_model(a.weights, 3, a.device)
         dev = str(next(ck.model.parameters()).device)
         opts = InferenceOptions(precision=a.precision)
-        acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change, patience=a.patience,
+        acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change, patience=a.patience, precision=a.precision,
                            eval_every=a.eval_every)
         for m in methods:
             t = time.perf_counter()

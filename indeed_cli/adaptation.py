@@ -50,6 +50,7 @@ class AdaptConfig:
     max_change: float = 2.5  # RMS change of L + S on the evaluation tiles, 8-bit units
     collapse_ratio: float = 0.2
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
+    precision: str = "fp32"  # "bf16": the network runs under bf16 autocast, the objective in fp32
     seed: int = 0
 
 
@@ -63,7 +64,9 @@ class AdaptResult:
 
 def adaptation_loss(model, Y: torch.Tensor, cfg: AdaptConfig, sample: bool = True):
     """Per-element objective of Eq. (active generalization loss) and the output L + S."""
-    d = model(Y, sample=sample).float()
+    with torch.autocast(Y.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+        d = model(Y, sample=sample)
+    d = d.float()
     obj = P.collapsed_objective(d, Y.float(), cfg.modules, model.cfg.priors, cfg.noise_precision == "image")
     return obj.mean() / float(Y[0].numel()), d.L_hat + d.mu_S
 
@@ -86,6 +89,8 @@ def adapt(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptCo
     """Fine-tune a copy of ``ckpt`` on ``images`` ((C, h, w) floats in [0, 1], the model's channels)."""
     if cfg.noise_precision not in ("image", "pixel"):
         raise ValueError(f"noise_precision must be image or pixel, got {cfg.noise_precision!r}")
+    if cfg.precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
     device = next(ckpt.model.parameters()).device
     model = copy.deepcopy(ckpt.model).float()
     model.__dict__.pop("forward", None)  # a compiled forward (--compile) would run the original's weights

@@ -97,3 +97,13 @@ def test_compile_flag_compiles_the_network(run_cli, tmp_path, rng, ckpt_paths, m
     code, _, err = run_cli("denoise", tmp_path / "a.png", "-o", tmp_path / "b.png", "-w", ckpt_paths[3], "--compile", "-q")
     assert code == 0, err
     assert calls == [{"dynamic": False}] and (tmp_path / "b.png").exists()
+
+
+def test_bf16_adaptation_runs_and_returns_float32_weights(rng):
+    ck = _ckpt()
+    res = adapt(ck, _images(rng), AdaptConfig(modules="S", steps=2, lr=1e-3, eval_every=1, precision="bf16"), tile=32)
+    assert all(p.dtype == torch.float32 for p in res.checkpoint.model.parameters())
+    assert all(np.isfinite(h["loss"]) for h in res.history)
+    import pytest
+    with pytest.raises(ValueError):
+        adapt(ck, _images(rng), AdaptConfig(precision="fp16"), tile=32)

@@ -56,7 +56,7 @@ def adapt_cmd(
     if noise_precision not in ("image", "pixel"):
         raise CLIError(f"--noise-precision must be image or pixel, got {noise_precision!r}")
     cfg = AdaptConfig(modules=modules, steps=steps, lr=lr, patience=patience, max_change=max_change,
-                      noise_precision=noise_precision)
+                      noise_precision=noise_precision, precision=precision)
     loaded, failed = [], 0
     for p in paths:
         try:

@@ -54,7 +54,8 @@ def denoise_cmd(
             if auto_adapt and ood["ood"]:
                 from ..adaptation import AdaptConfig, adapt
                 from .adapt import _as_model_channels
-                adapted = adapt(ckpt, _as_model_channels(img.data, ckpt.config.channels), AdaptConfig(), tile)
+                adapted = adapt(ckpt, _as_model_channels(img.data, ckpt.config.channels),
+                                AdaptConfig(precision=precision), tile)
                 out = denoise(adapted.checkpoint, img, opts)
             seconds = time.perf_counter() - t0
             write_image(dst, out, like=img)
