@@ -71,6 +71,16 @@ def adaptation_loss(model, Y: torch.Tensor, cfg: AdaptConfig, sample: bool = Tru
     return obj.mean() / float(Y[0].numel()), d.L_hat + d.mu_S
 
 
+def as_model_channels(data: np.ndarray, channels: int) -> list[np.ndarray]:
+    """A (C, h, w) image as inputs of a ``channels``-channel model: gray is replicated for a
+    colour model; a gray model adapts on each colour channel as a separate image."""
+    if data.shape[0] == channels:
+        return [data]
+    if channels == 3:
+        return [np.repeat(data, 3, 0)]
+    return [c[None] for c in data]
+
+
 def tiles_of(images: list[np.ndarray], tile: int, max_tiles: int, gen: torch.Generator) -> torch.Tensor:
     """Non-overlapping reflected tiles of all images (a random subset when there are many)."""
     out = []

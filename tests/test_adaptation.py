@@ -107,3 +107,21 @@ def test_bf16_adaptation_runs_and_returns_float32_weights(rng):
     import pytest
     with pytest.raises(ValueError):
         adapt(ck, _images(rng), AdaptConfig(precision="fp16"), tile=32)
+
+
+def test_oag_on_a_mixed_folder_uses_each_image_own_default_model(run_cli, tmp_path, rng, monkeypatch):
+    """Default weights: colour images get the colour model, gray ones the gray model, in one OAG run."""
+    from conftest import tiny_model
+    from indeed_cli.checkpoint import BUNDLED, save_checkpoint
+    wdir = tmp_path / "w"
+    for c in (1, 3):
+        save_checkpoint(wdir / BUNDLED[c], tiny_model(c), {})
+    monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(wdir))
+    d = tmp_path / "mixed"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    write_png(d / "b.png", rng.integers(0, 256, (30, 26), dtype=np.uint8))
+    code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o", "--steps", "1", "-q")
+    assert code == 0, err
+    from PIL import Image
+    assert Image.open(tmp_path / "o" / "a.png").mode == "RGB" and Image.open(tmp_path / "o" / "b.png").mode == "L"

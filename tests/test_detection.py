@@ -78,3 +78,7 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
     meta = read_metadata(tmp_path / "run" / "model.safetensors")
     assert meta["config"]["task"] == "detect"
     assert meta["extra"]["detect"]["n_calibration"] == 2 and meta["extra"]["detect"]["threshold"] > 0
+    # without held-out normal images there is no threshold to learn: refused before any training
+    code, _, err = run_cli("train", "--task", "detect", "--data", d, "--val-count", "0", "--channels", "1",
+                           "--steps", "3", "--out", tmp_path / "run0", "-q")
+    assert code == 2 and "held-out normal images" in err and not (tmp_path / "run0").exists()

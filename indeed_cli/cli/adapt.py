@@ -5,24 +5,15 @@ import time
 from pathlib import Path
 from typing import Annotated, Optional
 
-import numpy as np
 import typer
 
-from ..adaptation import AdaptConfig, adapt
+from ..adaptation import AdaptConfig, adapt, as_model_channels
 from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
                      Tile, Weights, CLIError, check_targets, require_folder, emit_json, expand_inputs, inference_options, report_failure, warn)
 from .decompose import outputs_for, write_decomposition
-
-
-def _as_model_channels(data: np.ndarray, channels: int) -> list[np.ndarray]:
-    if data.shape[0] == channels:
-        return [data]
-    if channels == 3:
-        return [np.repeat(data, 3, 0)]
-    return [c[None] for c in data]  # a gray model adapts on each colour channel
 
 
 def adapt_cmd(
@@ -70,7 +61,7 @@ def adapt_cmd(
     shared = None
     if mode == "ag":
         t0 = time.perf_counter()
-        shared = adapt(base, [x for _, im in loaded for x in _as_model_channels(im.data, base.config.channels)], cfg, tile)
+        shared = adapt(base, [x for _, im in loaded for x in as_model_channels(im.data, base.config.channels)], cfg, tile)
         if not quiet:
             warn(f"adapted module {modules} on {len(loaded)} images in {time.perf_counter() - t0:.1f} s "
                  f"(best step {shared.best_step}, stopped: {shared.stop})")
@@ -78,7 +69,11 @@ def adapt_cmd(
             save_checkpoint(save_weights, shared.checkpoint.model, shared.checkpoint.training, shared.checkpoint.extra)
     for (src, img), files in zip(loaded, plans):
         t0 = time.perf_counter()
-        res = shared or adapt(models.get(img.channels), _as_model_channels(img.data, base.config.channels), cfg, tile)
+        if shared:
+            res = shared
+        else:  # oag: the checkpoint for this image's channel count, on data shaped for it
+            own = models.get(img.channels)
+            res = adapt(own, as_model_channels(img.data, own.config.channels), cfg, tile)
         seconds = time.perf_counter() - t0
         dec = decompose(res.checkpoint, img, opts)
         write_image(files["denoised"], dec.maps["L"] + dec.maps["S"], like=img)

@@ -52,9 +52,8 @@ def denoise_cmd(
                 else:
                     out = denoise(ckpt, img, opts, progress=bar.update)
             if auto_adapt and ood["ood"]:
-                from ..adaptation import AdaptConfig, adapt
-                from .adapt import _as_model_channels
-                adapted = adapt(ckpt, _as_model_channels(img.data, ckpt.config.channels),
+                from ..adaptation import AdaptConfig, adapt, as_model_channels
+                adapted = adapt(ckpt, as_model_channels(img.data, ckpt.config.channels),
                                 AdaptConfig(precision=precision), tile)
                 out = denoise(adapted.checkpoint, img, opts)
             seconds = time.perf_counter() - t0

@@ -57,6 +57,8 @@ def train_cmd(
         paths, val_paths = paths[:-val_count], paths[-val_count:]
     if not paths:
         raise CLIError("no training images")
+    if task == "detect" and not val_paths:
+        raise CLIError("--task detect needs held-out normal images (--val DIR or --val-count N) to learn its threshold")
     cfg = ModelConfig(channels=channels, rank=rank, task=task, sparse_width=sparse_width, lowrank_width=lowrank_width)
     init_path = ""
     if init:
@@ -86,10 +88,13 @@ def train_cmd(
                     make_batch=make_batch, progress=not quiet, log=lambda m: typer.echo(m, err=True))
     except ValueError as e:
         raise CLIError(str(e)) from None
-    if task == "detect" and rec.get("rank", 0) == 0:
-        _calibrate_detector(out / "model.safetensors", val_paths, device)
-    if task == "denoise" and rec.get("rank", 0) == 0 and ood_samples:
-        _calibrate_ood(out / "model.safetensors", paths, channels, ood_samples, device)
+    if rec.get("rank", 0) == 0 and (task == "detect" or ood_samples):
+        from .calibrate import calibrate_checkpoint
+        model_path = out / "model.safetensors"
+        # detect: threshold from the held-out normal images; denoise: OOD statistics of the training data
+        _, key, facts = calibrate_checkpoint(model_path, model_path, val_paths if task == "detect" else paths,
+                                             device, ood_samples)
+        typer.echo(f"{key} threshold {facts['threshold']:.4g} stored in {model_path}", err=True)
     if rec.get("rank", 0) != 0:  # other torchrun ranks: rank 0 reports and exports
         return
     typer.echo(f"step {rec.get('step')}: {out / 'model.safetensors'} " +
@@ -97,27 +102,3 @@ def train_cmd(
     if export:
         shutil.copyfile(out / "model.safetensors", export)
 
-
-def _calibrate_detector(path: Path, normal_paths: list, device: str) -> None:
-    """Learn the threshold from held-out normal images and store it in the checkpoint."""
-    from ..checkpoint import load_checkpoint, save_checkpoint
-    from ..detection import calibrate
-    from ..inference import resolve_device
-    if not normal_paths:
-        raise CLIError("--task detect needs held-out normal images (--val DIR or --val-count N) to learn its threshold")
-    ck = load_checkpoint(path, resolve_device(device))
-    calib = calibrate(ck, normal_paths)
-    save_checkpoint(path, ck.model, ck.training, {**ck.extra, "detect": calib})
-    typer.echo(f"threshold {calib['threshold']:.4g} from {calib['n_calibration']} held-out normal images", err=True)
-
-
-def _calibrate_ood(path: Path, paths: list, channels: int, samples: int, device: str) -> None:
-    """Store the OOD statistics of the training distribution in the checkpoint (docs/adapt.md)."""
-    from ..checkpoint import load_checkpoint, save_checkpoint
-    from ..inference import resolve_device
-    from ..ood import calibrate_ood
-    from ..training import load_images
-    ck = load_checkpoint(path, resolve_device(device))
-    facts = calibrate_ood(ck, load_images(paths, channels), samples)
-    save_checkpoint(path, ck.model, ck.training, {**ck.extra, "ood": facts})
-    typer.echo(f"OOD threshold {facts['threshold']:.3g} from {facts['n']} noisy training crops", err=True)
