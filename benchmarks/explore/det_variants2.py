@@ -1,0 +1,46 @@
+"""Anomaly-map read-outs on the 72-image magnetic-tile subset (docs/detect.md), second set.
+
+One-off exploration kept so that the numbers quoted in docs/ can be re-run; run from the
+repository root with the data under $INDEED_DATA (default ../shared/data):
+
+    python benchmarks/explore/det_variants2.py 12
+
+It ran against commit ae23071; later API changes may need small edits.
+"""
+import os
+DATA = os.environ.get('INDEED_DATA', '../shared/data')
+import sys, json, numpy as np, time
+from pathlib import Path
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[2])); sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[1]))
+from mt_split import split
+from indeed_cli.checkpoint import load_checkpoint
+from indeed_cli.detection import gaussian_blur, detection_metrics, image_score, load_mask
+from indeed_cli.imageio import read_image
+from indeed_cli.inference import decompose
+root = Path('' + DATA + '/anomaly/magnetic-tile')
+DEF = ["MT_Blowhole", "MT_Break", "MT_Crack", "MT_Fray", "MT_Uneven"]
+lim = int(sys.argv[1])
+items = [(c, p) for c in DEF for p in sorted((root / c).glob("*.jpg"))[:lim]] + [("normal", p) for p in split(root / "MT_Free")["eval"][:lim]]
+ck = load_checkpoint(sys.argv[2] if len(sys.argv) > 2 else 'weights/indeed-detect-magnetic-tile.safetensors')
+cache = []
+for c, p in items:
+    img = read_image(p); d = decompose(ck, img)
+    cache.append((c, p, img.data.mean(0), d.maps['L'].mean(0), d.maps['S'].mean(0), d.maps['sigma_S'].mean(0)))
+def mad_norm(a):
+    m = np.median(a); s = np.median(np.abs(a - m)) + 1e-6
+    return (a - m) / s
+variants = {
+  'absS_b4': lambda Y, L, S, sS: gaussian_blur(np.abs(S), 4),
+  'S_over_stdY': lambda Y, L, S, sS: gaussian_blur(np.abs(S), 4) / (Y.std() + 1e-3),
+  'S_over_meanY': lambda Y, L, S, sS: gaussian_blur(np.abs(S), 4) / (Y.mean() + 1e-2),
+  'S_over_L': lambda Y, L, S, sS: gaussian_blur(np.abs(S) / (np.abs(gaussian_blur(L, 8)) + 0.05), 4),
+  'S_over_localstd': lambda Y, L, S, sS: gaussian_blur(np.abs(S), 4) / (np.sqrt(gaussian_blur((Y - gaussian_blur(Y, 8)) ** 2, 16)) + 0.02),
+  'negS_b4': lambda Y, L, S, sS: gaussian_blur(np.maximum(-S, 0), 4),
+}
+for name, f in variants.items():
+    maps, masks, scores, labels = [], [], [], []
+    for c, p, Y, L, S, sS in cache:
+        a = f(Y, L, S, sS); m = load_mask(p, a.shape)
+        maps.append(a); masks.append(m); scores.append(image_score(a)); labels.append(bool(m.any()))
+    r = detection_metrics(maps, masks, scores, labels, list(range(len(cache))))
+    print(name, {k: round(v, 4) for k, v in r.items() if isinstance(v, float)}, flush=True)
