@@ -22,15 +22,23 @@ L + S are evaluated with the posterior means on a fixed set of tiles.  Adaptatio
   - on a non-finite loss, or on collapse (mean |N| below ``collapse_ratio`` of its start).
 The weights returned are the best evaluated ones inside the trust region, the starting
 weights if nothing improved: adaptation never makes the objective worse than where it started.
+
+Several independent adaptations (OAG on a folder) run at once: their weights are stacked
+and the network runs under ``torch.vmap`` (``AdaptConfig.group`` at a time), each with its
+own batches, Adam state (Adam is element-wise, so one optimizer over stacked weights is K
+independent ones) and early stopping.  On a GPU this amortises the kernel launches that
+dominate one small adaptation (docs/benchmarks.md); the result for an image does not
+depend on which others share its group (tested).
 """
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
+from torch.func import functional_call, vmap
 
 from . import posteriors as P
 from .checkpoint import Checkpoint
@@ -51,7 +59,17 @@ class AdaptConfig:
     collapse_ratio: float = 0.2
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
     precision: str = "fp32"  # "bf16": the network runs under bf16 autocast, the objective in fp32
+    sample: bool = True  # reparameterised A, B, S in the steps (the paper's Monte-Carlo ELBO)
+    group: int | None = None  # adaptations run at once (adapt_each); None: 32 on a GPU, 1 on a CPU
     seed: int = 0
+
+    def check(self) -> None:
+        if self.noise_precision not in ("image", "pixel"):
+            raise ValueError(f"noise_precision must be image or pixel, got {self.noise_precision!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.group is not None and self.group < 1:
+            raise ValueError(f"group must be at least 1, got {self.group}")
 
 
 @dataclass
@@ -62,13 +80,22 @@ class AdaptResult:
     stop: str = "steps"
 
 
-def adaptation_loss(model, Y: torch.Tensor, cfg: AdaptConfig, sample: bool = True):
-    """Per-element objective of Eq. (active generalization loss) and the output L + S."""
-    with torch.autocast(Y.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-        d = model(Y, sample=sample)
+def adaptation_objective(model, params: dict | None, frozen: dict | None, Y: torch.Tensor, cfg: AdaptConfig,
+                         sample: bool):
+    """Eq. (active generalization loss) per sample and per element, and the output L + S.
+
+    ``params`` None: the model runs with its own weights (one adaptation).  Otherwise
+    ``params`` (the trainable weights) and ``frozen`` (the others) go to the network
+    functionally, so that several copies of the weights can run at once under ``torch.vmap``.
+    """
+    if params is None:
+        with torch.autocast(Y.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            d = model(Y, sample=sample)
+    else:
+        d = functional_call(model, {**params, **frozen}, (Y,), {"sample": sample})
     d = d.float()
     obj = P.collapsed_objective(d, Y.float(), cfg.modules, model.cfg.priors, cfg.noise_precision == "image")
-    return obj.mean() / float(Y[0].numel()), d.L_hat + d.mu_S
+    return obj / float(Y[0].numel()), d.L_hat + d.mu_S
 
 
 def as_model_channels(data: np.ndarray, channels: int) -> list[np.ndarray]:
@@ -94,73 +121,161 @@ def tiles_of(images: list[np.ndarray], tile: int, max_tiles: int, gen: torch.Gen
     return pool
 
 
+def default_group(device: torch.device) -> int:
+    """Adaptations run at once when AdaptConfig.group is unset: batching pays on a GPU (32 was
+    the fastest of 1-64 per image on an H100, docs/benchmarks.md) and costs ~10% on a CPU."""
+    return 32 if device.type == "cuda" else 1
+
+
 def adapt(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptConfig(), tile: int = 128,
           log=None) -> AdaptResult:
-    """Fine-tune a copy of ``ckpt`` on ``images`` ((C, h, w) floats in [0, 1], the model's channels)."""
-    if cfg.noise_precision not in ("image", "pixel"):
-        raise ValueError(f"noise_precision must be image or pixel, got {cfg.noise_precision!r}")
-    if cfg.precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be fp32 or bf16, got {cfg.precision!r}")
+    """InDeedAG: fine-tune one copy of ``ckpt`` on all ``images`` ((C, h, w) floats in [0, 1],
+    the model's channels)."""
+    return adapt_each(ckpt, [images], cfg, tile, log)[0]
+
+
+def adapt_each(ckpt: Checkpoint, image_sets: list[list[np.ndarray]], cfg: AdaptConfig = AdaptConfig(),
+               tile: int = 128, log=None) -> list[AdaptResult]:
+    """One independent adaptation of ``ckpt`` per entry of ``image_sets`` (InDeedOAG: one entry
+    per image), ``cfg.group`` entries at a time as one batched network."""
+    cfg.check()
     device = next(ckpt.model.parameters()).device
     model = copy.deepcopy(ckpt.model).float()
     model.__dict__.pop("forward", None)  # a compiled forward (--compile) would run the original's weights
     model.requires_grad_(False)
-    trainable = [p for m in model.modules_for(cfg.modules) for p in m.parameters()]
-    for p in trainable:
-        p.requires_grad_(True)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    trainable = {id(p) for m in model.modules_for(cfg.modules) for p in m.parameters()}
+    names = [n for n, p in model.named_parameters() if id(p) in trainable]
+    frozen = {n: t for n, t in [*model.named_parameters(), *model.named_buffers()] if n not in names}
     torch.manual_seed(cfg.seed)
-    pool = tiles_of(images, tile, cfg.max_tiles, gen).to(device)
-    # at least one evaluation tile per image (up to 128): with many images (AG), 16 tiles
-    # misjudged the objective and stopped adaptation early (docs/adapt.md)
-    eval_set = pool[: max(cfg.eval_tiles, min(len(images), 128))]
-    opt = torch.optim.Adam(trainable, lr=cfg.lr)
+    jobs = []
+    for images in image_sets:
+        gen = torch.Generator().manual_seed(cfg.seed)
+        pool = tiles_of(images, tile, cfg.max_tiles, gen).to(device)
+        # at least one evaluation tile per image (up to 128): with many images (AG), 16 tiles
+        # misjudged the objective and stopped adaptation early (docs/adapt.md)
+        eval_set = pool[: max(cfg.eval_tiles, min(len(images), 128))]
+        jobs.append({"pool": pool, "eval": eval_set, "gen": gen, "batch": min(cfg.batch, len(pool))})
+    group = cfg.group or default_group(device)
+    by_shape: dict[tuple, list[int]] = {}
+    for i, j in enumerate(jobs):  # entries batch together when their tensors have the same shapes
+        by_shape.setdefault((j["batch"], *j["eval"].shape), []).append(i)
+    results: list[AdaptResult | None] = [None] * len(jobs)
+    for members in by_shape.values():
+        for c in range(0, len(members), group):
+            chunk = members[c:c + group]
+            outcome = _adapt_group(model, names, frozen, [jobs[i] for i in chunk], cfg, log)
+            for i, (best, history, best_step, stop) in zip(chunk, outcome):
+                adapted = copy.deepcopy(model)
+                with torch.no_grad():
+                    for n, v in best.items():
+                        adapted.get_parameter(n).copy_(v)
+                adapted.eval()
+                training = {**ckpt.training, "adapted": {"parent": ckpt.source, **asdict(cfg), "best_step": best_step,
+                                                         "stop": stop, "loss_curve": history}}
+                results[i] = AdaptResult(Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra),
+                                                    ckpt.source + " (adapted)"), history, best_step, stop)
+    return results
 
-    def evaluate(X0=None) -> tuple[dict, torch.Tensor]:
-        model.eval()
+
+def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: AdaptConfig, log):
+    """The adaptation loop for K entries whose batches have the same shapes (see module doc).
+
+    One entry runs the network directly on a working copy; several run under ``torch.vmap``
+    with stacked weights, and entries that stop are dropped from the stack (with their Adam
+    state) so that the others run alone.  Returns per entry: its best trainable weights,
+    history, best step and stop reason.
+    """
+    K = len(jobs)
+    device = jobs[0]["pool"].device
+    if K == 1:  # the plain network: no functional_call or vmap overhead for a single adaptation
+        work = copy.deepcopy(model)
+        params = {n: work.get_parameter(n).requires_grad_(True) for n in names}
+
+        def run(p, Y, sample):
+            obj, X = adaptation_objective(work, None, None, Y[0], cfg, sample)
+            return obj[None], X[None]
+        view = {n: v.unsqueeze(0) for n, v in params.items()}  # (1, ...) views of the live weights
+    else:
+        # fp32 even when bf16 is asked for: autocast does not reach convolutions with vmapped
+        # weights, and casting weights and input by hand cost 0.6 dB on PolyU100 (docs/adapt.md)
+        cfg = replace(cfg, precision="fp32")
+        base = dict(model.named_parameters())
+        params = {n: base[n].detach().unsqueeze(0).repeat(K, *[1] * base[n].dim()).requires_grad_(True) for n in names}
+        vmapped = {s: vmap(lambda p, Y, s=s: adaptation_objective(model, p, frozen, Y, cfg, s), randomness="different")
+                   for s in (True, False)}
+
+        def run(p, Y, sample):
+            return vmapped[sample](p, Y)
+        view = params
+    best_params = {n: v.detach().clone() for n, v in view.items()}
+    opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
+    E = torch.stack([j["eval"] for j in jobs])  # (K, n_eval, C, t, t)
+    size = max(len(j["pool"]) for j in jobs)
+    pools = torch.zeros((K * size, *jobs[0]["pool"].shape[1:]), device=device)
+    for k, j in enumerate(jobs):
+        pools[k * size:k * size + len(j["pool"])] = j["pool"]
+    b = jobs[0]["batch"]
+    alive = list(range(K))  # entries still adapting, in stack order
+
+    def evaluate(X0=None):
         with torch.no_grad():
-            loss, X = adaptation_loss(model, eval_set, cfg, sample=False)
-            rec = {"loss": loss, "abs_N": (eval_set - X).abs().mean(),
-                   "change": 255 * (X - X0).square().mean().sqrt() if X0 is not None else torch.zeros(())}
-        return {k: float(v) for k, v in rec.items()}, X  # one host sync per evaluation
+            obj, X = run(params, E, False)
+            loss, abs_N = obj.mean(1), (E - X).abs().flatten(1).mean(1)
+            change = 255 * (X - X0).square().flatten(1).mean(1).sqrt() if X0 is not None else torch.zeros_like(loss)
+            rows = torch.stack([loss, abs_N, change], 1).tolist()  # one host sync per evaluation
+        return [dict(zip(("loss", "abs_N", "change"), r)) for r in rows], X
 
     start, X0 = evaluate()
-    best, best_state, best_step, bad, stop = start["loss"], copy.deepcopy(model.state_dict()), 0, 0, "steps"
-    history = [{"step": 0, **start}]
+    history = [[{"step": 0, **s}] for s in start]
+    best = [s["loss"] for s in start]
+    best_step, bad, stop = [0] * K, [0] * K, ["steps"] * K
     for step in range(1, cfg.steps + 1):
-        model.train()
-        idx = torch.randint(len(pool), (min(cfg.batch, len(pool)),), generator=gen)
-        loss, _ = adaptation_loss(model, pool[idx.to(device)], cfg, sample=True)
+        idx = torch.stack([torch.randint(len(jobs[k]["pool"]), (b,), generator=jobs[k]["gen"]) for k in alive])
+        rows = (idx + torch.tensor(alive)[:, None] * size).flatten()
+        obj, _ = run(params, pools[rows.to(device)].view(len(alive), b, *pools.shape[1:]), cfg.sample)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        obj.mean(1).sum().backward()  # entries are independent: the sum gives each its own gradient
         opt.step()
         if step % cfg.eval_every and step != cfg.steps:
             continue
-        rec, _ = evaluate(X0)
-        rec = {"step": step, **rec}
-        history.append(rec)
-        if log:
-            log(rec)
-        if not math.isfinite(rec["loss"]):
-            stop = "non-finite loss"
+        recs, _ = evaluate(X0)
+        improved, keep = [], []
+        for pos, (k, rec) in enumerate(zip(alive, recs)):
+            rec = {"step": step, **rec}
+            history[k].append(rec)
+            if log:
+                log(rec if K == 1 else {"entry": k, **rec})
+            if not math.isfinite(rec["loss"]):
+                stop[k] = "non-finite loss"
+            elif rec["change"] > cfg.max_change:
+                stop[k] = "trust region"
+            elif rec["abs_N"] < cfg.collapse_ratio * start[k]["abs_N"]:
+                stop[k] = "collapse"
+            elif rec["loss"] < best[k] - 1e-6 * abs(best[k]):
+                best[k], best_step[k], bad[k] = rec["loss"], step, 0
+                improved.append((pos, k))
+            else:
+                bad[k] += 1
+                if bad[k] >= cfg.patience:
+                    stop[k] = "no improvement"
+            if stop[k] == "steps":
+                keep.append(pos)
+        if improved:
+            src = torch.tensor([p for p, _ in improved], device=device)
+            dst = torch.tensor([k for _, k in improved], device=device)
+            with torch.no_grad():
+                for n, v in view.items():
+                    best_params[n].index_copy_(0, dst, v.detach().index_select(0, src))
+        if not keep:
             break
-        if rec["change"] > cfg.max_change:
-            stop = "trust region"
-            break
-        if rec["abs_N"] < cfg.collapse_ratio * start["abs_N"]:
-            stop = "collapse"
-            break
-        if rec["loss"] < best - 1e-6 * abs(best):
-            best, best_state, best_step, bad = rec["loss"], copy.deepcopy(model.state_dict()), step, 0
-        else:
-            bad += 1
-            if bad >= cfg.patience:
-                stop = "no improvement"
-                break
-    model.load_state_dict(best_state)
-    model.requires_grad_(False)
-    model.eval()
-    training = {**ckpt.training, "adapted": {"parent": ckpt.source, **asdict(cfg), "best_step": best_step,
-                                             "stop": stop, "loss_curve": history}}
-    return AdaptResult(Checkpoint(model, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
-                       history, best_step, stop)
+        if len(keep) < len(alive):  # drop the stopped entries from the stack (never when K == 1)
+            sel = torch.tensor(keep, device=device)
+            old, params = params, {n: v.detach().index_select(0, sel).requires_grad_(True) for n, v in params.items()}
+            state = {n: {key: (t.index_select(0, sel) if torch.is_tensor(t) and t.dim() else t)
+                         for key, t in opt.state[old[n]].items()} for n in names}
+            opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
+            for n, v in params.items():
+                opt.state[v] = state[n]
+            view, E, X0 = params, E[sel], X0[sel]
+            alive = [alive[p] for p in keep]
+    return [({n: v[k] for n, v in best_params.items()}, history[k], best_step[k], stop[k]) for k in range(K)]

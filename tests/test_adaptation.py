@@ -1,9 +1,11 @@
 """Active generalization: only the chosen module changes, and the best weights are kept."""
+from dataclasses import replace
+
 import numpy as np
 import torch
 
 from conftest import tiny_model, write_png
-from indeed_cli.adaptation import AdaptConfig, adapt
+from indeed_cli.adaptation import AdaptConfig, adapt, adapt_each
 from indeed_cli.checkpoint import Checkpoint
 
 
@@ -70,8 +72,12 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
         assert (tmp_path / "o" / f"{n}.png").exists() and (tmp_path / "o" / f"{n}.npz").exists()
     from indeed_cli.checkpoint import read_metadata
     assert read_metadata(tmp_path / "ad.safetensors")["training"]["adapted"]["modules"] == "S"
-    code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o2", "-w", ckpt_paths[3], "--steps", "1", "-q")
+    code, out, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o2", "-w", ckpt_paths[3], "--steps", "1",
+                             "--group", "2", "--json", "-q")
     assert code == 0, err
+    import json
+    lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert [r["adapted_together"] for r in lines] == [2, 2] and all(r["adapt_seconds"] > 0 for r in lines)
     assert (tmp_path / "o2" / "a.png").exists() and (tmp_path / "o2" / "b.png").exists()
     assert run_cli("adapt", d, "--mode", "xx", "-o", tmp_path / "o3")[0] == 2
 
@@ -125,3 +131,34 @@ def test_oag_on_a_mixed_folder_uses_each_image_own_default_model(run_cli, tmp_pa
     assert code == 0, err
     from PIL import Image
     assert Image.open(tmp_path / "o" / "a.png").mode == "RGB" and Image.open(tmp_path / "o" / "b.png").mode == "L"
+
+
+def test_grouped_adaptations_match_separate_ones(rng):
+    """OAG runs several images as one vmapped network; each must get what it gets alone, also
+    when some stop early and are dropped from the stack while the others go on."""
+    ck = _ckpt(3)
+    yy, xx = np.mgrid[0:40, 0:36] / 40.0
+    imgs = [rng.random((3, 40, 36)), np.full((3, 40, 36), 0.5), np.stack([yy, xx, yy * xx]),
+            0.1 * rng.random((3, 40, 36)), rng.random((3, 100, 70))]
+    imgs = [x.astype(np.float32) for x in imgs]
+    cfg = AdaptConfig(modules="S", steps=6, lr=1e-4, eval_every=1, patience=2, max_change=1.5, sample=False)
+    together = adapt_each(ck, [[x] for x in imgs], replace(cfg, group=4), tile=32)  # {0,1,2,3} and {4}
+    alone = [adapt_each(ck, [[x]], replace(cfg, group=1), tile=32)[0] for x in imgs]
+    assert all(a.best_step > 0 for a in alone)  # the weights really moved
+    assert len({len(a.history) for a in together[:4]}) > 1  # entries of one group stopped at different steps
+    for a, b in zip(together, alone):
+        assert (a.best_step, a.stop) == (b.best_step, b.stop)
+        np.testing.assert_allclose([h["loss"] for h in a.history], [h["loss"] for h in b.history], rtol=1e-5)
+        sa, sb = a.checkpoint.model.state_dict(), b.checkpoint.model.state_dict()
+        assert all(torch.allclose(sa[k], sb[k], atol=1e-5) for k in sb)
+    first, second = (together[i].checkpoint.model.state_dict() for i in (0, 1))
+    assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith("sparse."))
+
+
+def test_grouped_bf16_adaptation_runs(rng):
+    """Autocast does not reach vmapped convolutions; groups run in fp32 instead of failing."""
+    ck = _ckpt(3)
+    res = adapt_each(ck, [[x] for x in _images(rng, 3)], AdaptConfig(steps=2, eval_every=1, precision="bf16", group=2),
+                     tile=32)
+    assert all(np.isfinite(h["loss"]) for r in res for h in r.history)
+    assert all(p.dtype == torch.float32 for r in res for p in r.checkpoint.model.parameters())

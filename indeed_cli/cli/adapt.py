@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..adaptation import AdaptConfig, adapt, as_model_channels
+from ..adaptation import AdaptConfig, adapt, adapt_each, as_model_channels, default_group
 from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose
@@ -27,6 +27,8 @@ def adapt_cmd(
     max_change: Annotated[float, typer.Option("--max-change", help="Trust region: stop when L + S has moved this much (RMS, 8-bit units).")] = 2.5,
     noise_precision: Annotated[str, typer.Option("--noise-precision", help="image: one noise precision per image; pixel: the paper's pixel-wise Lambda.")] = "image",
     save_weights: Annotated[Optional[Path], typer.Option("--save-weights", help="ag: write the adapted checkpoint here.")] = None,
+    group: Annotated[Optional[int], typer.Option("--group", min=1, help="oag: images adapted at once, each with its own "
+                                                 "weights (default 32 on a GPU, 1 on a CPU; groups run in fp32).")] = None,
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
     quiet: Quiet = False, recursive: Recursive = False,
@@ -47,7 +49,7 @@ def adapt_cmd(
     if noise_precision not in ("image", "pixel"):
         raise CLIError(f"--noise-precision must be image or pixel, got {noise_precision!r}")
     cfg = AdaptConfig(modules=modules, steps=steps, lr=lr, patience=patience, max_change=max_change,
-                      noise_precision=noise_precision, precision=precision)
+                      noise_precision=noise_precision, precision=precision, group=group)
     loaded, failed = [], 0
     for p in paths:
         try:
@@ -67,23 +69,34 @@ def adapt_cmd(
                  f"(best step {shared.best_step}, stopped: {shared.stop})")
         if save_weights:
             save_checkpoint(save_weights, shared.checkpoint.model, shared.checkpoint.training, shared.checkpoint.extra)
-    for (src, img), files in zip(loaded, plans):
+    chunk = 1 if shared else (group or default_group(models.device))
+    for c in range(0, len(loaded), chunk):
+        items = list(zip(loaded[c:c + chunk], plans[c:c + chunk]))
         t0 = time.perf_counter()
         if shared:
-            res = shared
-        else:  # oag: the checkpoint for this image's channel count, on data shaped for it
-            own = models.get(img.channels)
-            res = adapt(own, as_model_channels(img.data, own.config.channels), cfg, tile)
-        seconds = time.perf_counter() - t0
-        dec = decompose(res.checkpoint, img, opts)
-        write_image(files["denoised"], dec.maps["L"] + dec.maps["S"], like=img)
-        record = write_decomposition(src, img, dec, {k: v for k, v in files.items() if k != "denoised"}, False,
-                                     res.checkpoint.source, res.checkpoint.extra.get("ood"))
-        if json_out:
-            emit_json({"image": str(src), "output": str(files["denoised"]), "mode": mode, "modules": modules,
-                       "best_step": res.best_step, "stop": res.stop,
-                       "loss_start": res.history[0]["loss"], "loss_best": min(h["loss"] for h in res.history),
-                       "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
-                       **{k: record[k] for k in ("rank_index", "l_rank", "l_sparse", "l_fid")}})
+            results, together = [shared], [len(loaded)]
+        else:  # oag: each image adapted alone, those sharing a checkpoint in one batched run
+            results, together = [None] * len(items), [1] * len(items)
+            by_model: dict[int, list[int]] = {}
+            for i, ((_, img), _) in enumerate(items):
+                by_model.setdefault(img.channels, []).append(i)
+            for channels, members in by_model.items():
+                own = models.get(channels)  # the checkpoint for this channel count, on data shaped for it
+                sets = [as_model_channels(items[i][0][1].data, own.config.channels) for i in members]
+                for i, res in zip(members, adapt_each(own, sets, cfg, tile)):
+                    results[i], together[i] = res, len(members)
+        seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
+        for i, (((src, img), files), res) in enumerate(zip(items, results)):
+            dec = decompose(res.checkpoint, img, opts)
+            write_image(files["denoised"], dec.maps["L"] + dec.maps["S"], like=img)
+            record = write_decomposition(src, img, dec, {k: v for k, v in files.items() if k != "denoised"}, False,
+                                         res.checkpoint.source, res.checkpoint.extra.get("ood"))
+            if json_out:
+                emit_json({"image": str(src), "output": str(files["denoised"]), "mode": mode, "modules": modules,
+                           "best_step": res.best_step, "stop": res.stop,
+                           "loss_start": res.history[0]["loss"], "loss_best": min(h["loss"] for h in res.history),
+                           "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
+                           "adapted_together": together[i] if mode == "oag" else None,
+                           **{k: record[k] for k in ("rank_index", "l_rank", "l_sparse", "l_fid")}})
     if failed:
         raise typer.Exit(EXIT_FAILED)
