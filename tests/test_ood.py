@@ -97,3 +97,23 @@ def test_auto_adapt_runs_oag_only_on_flagged_images(run_cli, tmp_path, clean_dir
         recs = [json.loads(line) for line in out.splitlines()]
         assert len(recs) == 3 and len(list(out_dir.glob("*.png"))) == 3
         assert all(r["ood"] is flagged and (r["adapted"] is not None) is flagged for r in recs)
+
+
+def test_auto_adapt_adapts_flagged_images_in_groups(run_cli, tmp_path, clean_dir, ckpt_paths, monkeypatch):
+    """On a GPU flagged images wait and are adapted together; every image is still written once."""
+    import indeed_cli.cli.denoise as denoise_cli
+    import indeed_cli.adaptation as adaptation
+    monkeypatch.setattr(denoise_cli, "default_group", lambda device: 2)  # what a GPU would do, with 2
+    sizes, real_each = [], adaptation.adapt_each
+    monkeypatch.setattr(adaptation, "adapt_each",
+                        lambda ck, sets, *a, **k: sizes.append(len(sets)) or real_each(ck, sets, *a, **k))
+    ck = load_checkpoint(ckpt_paths[3])
+    base = {"features": ["l_rank", "l_sparse"], "mean": [0, 0], "std": [1, 1], "points": [[0, 0]], "k": 1}
+    save_checkpoint(tmp_path / "all.safetensors", ck.model, ck.training, {"ood": {**base, "threshold": -1.0}})
+    code, out, err = run_cli("denoise", clean_dir, "-o", tmp_path / "o", "-w", tmp_path / "all.safetensors",
+                             "--auto-adapt", "--json", "-q")
+    assert code == 0, err
+    recs = [json.loads(line) for line in out.splitlines()]
+    assert sorted(r["image"] for r in recs) == sorted(str(p) for p in clean_dir.iterdir())
+    assert all(r["adapted"] is not None for r in recs) and len(list((tmp_path / "o").glob("*.png"))) == 3
+    assert sizes == [2, 1]  # two flagged images adapted together, then the last one

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..adaptation import default_group
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose, denoise, n_tiles
 from ..ood import ood_features, ood_report
@@ -32,40 +33,72 @@ def denoise_cmd(
     models = ModelCache(weights, device, compile=compile_net)
     need_stats = json_out or auto_adapt  # the OOD score needs the full decomposition
     failed = 0
+    pending: list[dict] = []  # flagged images waiting for one batched OAG (docs/adapt.md)
+
+    def finish(item: dict, out, adapted=None) -> None:
+        nonlocal failed
+        try:
+            write_image(item["dst"], out, like=item["img"])
+        except ImageError as e:
+            failed += 1
+            report_failure(item["src"], e, json_out)
+            return
+        if json_out:
+            img = item["img"]
+            emit_json({"image": str(item["src"]), "output": str(item["dst"]), "height": img.size[0],
+                       "width": img.size[1], "channels": img.channels, "bit_depth": img.bit_depth,
+                       "seconds": round(item["seconds"], 3), "weights": item["ckpt"].source, **item["ood"],
+                       "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop}})
+
+    def adapt_pending() -> None:
+        """OAG on the flagged images, those sharing a checkpoint adapted together."""
+        from ..adaptation import AdaptConfig, adapt_each, as_model_channels
+        groups: dict[str, list[dict]] = {}
+        for item in pending:
+            groups.setdefault(item["ckpt"].source, []).append(item)
+        for items in groups.values():
+            ckpt = items[0]["ckpt"]
+            t0 = time.perf_counter()
+            results = adapt_each(ckpt, [as_model_channels(it["img"].data, ckpt.config.channels) for it in items],
+                                 AdaptConfig(precision=precision), tile)
+            share = (time.perf_counter() - t0) / len(items)
+            for item, res in zip(items, results):
+                t1 = time.perf_counter()
+                out = denoise(res.checkpoint, item["img"], opts)
+                item["seconds"] += share + time.perf_counter() - t1
+                finish(item, out, res)
+        pending.clear()
+
     for src, dst in zip(paths, targets):
         try:
             img = read_image(src)
-            ckpt = models.get(img.channels)
-            if auto_adapt and not ckpt.extra.get("ood"):
-                raise CLIError(f"--auto-adapt needs OOD statistics, and {ckpt.source} has none "
-                               "(add them with `indeed calibrate`)", EXIT_WEIGHTS)
-            t0 = time.perf_counter()
-            adapted = None
-            with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
-                if need_stats:
-                    dec = decompose(ckpt, img, opts, progress=bar.update)
-                    stats = ckpt.extra.get("ood")
-                    if stats and ood_threshold is not None:
-                        stats = {**stats, "threshold": ood_threshold}
-                    ood = ood_report(ood_features(dec), stats)
-                    out = dec.maps["L"] + dec.maps["S"]
-                else:
-                    out = denoise(ckpt, img, opts, progress=bar.update)
-            if auto_adapt and ood["ood"]:
-                from ..adaptation import AdaptConfig, adapt, as_model_channels
-                adapted = adapt(ckpt, as_model_channels(img.data, ckpt.config.channels),
-                                AdaptConfig(precision=precision), tile)
-                out = denoise(adapted.checkpoint, img, opts)
-            seconds = time.perf_counter() - t0
-            write_image(dst, out, like=img)
         except ImageError as e:
             failed += 1
             report_failure(src, e, json_out)
             continue
-        if json_out:
-            emit_json({"image": str(src), "output": str(dst), "height": img.size[0], "width": img.size[1],
-                       "channels": img.channels, "bit_depth": img.bit_depth, "seconds": round(seconds, 3),
-                       "weights": ckpt.source, **ood,
-                       "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop}})
+        ckpt = models.get(img.channels)
+        if auto_adapt and not ckpt.extra.get("ood"):
+            raise CLIError(f"--auto-adapt needs OOD statistics, and {ckpt.source} has none "
+                           "(add them with `indeed calibrate`)", EXIT_WEIGHTS)
+        t0 = time.perf_counter()
+        ood: dict = {}
+        with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
+            if need_stats:
+                dec = decompose(ckpt, img, opts, progress=bar.update)
+                stats = ckpt.extra.get("ood")
+                if stats and ood_threshold is not None:
+                    stats = {**stats, "threshold": ood_threshold}
+                ood = ood_report(ood_features(dec), stats)
+                out = dec.maps["L"] + dec.maps["S"]
+            else:
+                out = denoise(ckpt, img, opts, progress=bar.update)
+        item = {"src": src, "dst": dst, "img": img, "ckpt": ckpt, "ood": ood, "seconds": time.perf_counter() - t0}
+        if auto_adapt and ood["ood"]:
+            pending.append(item)  # written once adapted, in groups on a GPU
+            if len(pending) >= default_group(models.device):
+                adapt_pending()
+        else:
+            finish(item, out)
+    adapt_pending()
     if failed:
         raise typer.Exit(EXIT_FAILED)
