@@ -195,6 +195,8 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--group", type=int, default=None,
                     help="oag: images adapted at once as one batched network (default 16 on a GPU, 1 on a CPU)")
+    ap.add_argument("--train-stride", type=int, default=AdaptConfig.train_stride,
+                    help="step between training tiles; 0: non-overlapping (the tile size)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape")
     ap.add_argument("--rows-out", type=Path)
     ap.add_argument("--from-rows", type=Path, nargs="*", default=[])
@@ -212,7 +214,7 @@ def main() -> None:
         dev = str(next(ck.model.parameters()).device)
         opts = InferenceOptions(precision=a.precision)
         acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change, patience=a.patience, precision=a.precision,
-                           eval_every=a.eval_every, group=a.group)
+                           eval_every=a.eval_every, group=a.group, train_stride=a.train_stride or None)
         if any(m not in ("ffdnet", "cbm3d") for m in methods):
             warm_up(ck, data, opts, acfg, dev)
         for m in methods:

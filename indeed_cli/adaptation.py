@@ -55,6 +55,7 @@ class AdaptConfig:
     patience: int = 6
     eval_tiles: int = 16
     max_tiles: int = 512
+    train_stride: int | None = None  # step between training tiles; None: the tile size (no overlap)
     max_change: float = 2.5  # RMS change of L + S on the evaluation tiles, 8-bit units
     collapse_ratio: float = 0.2
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
@@ -108,17 +109,25 @@ def as_model_channels(data: np.ndarray, channels: int) -> list[np.ndarray]:
     return [c[None] for c in data]
 
 
-def tiles_of(images: list[np.ndarray], tile: int, max_tiles: int, gen: torch.Generator) -> torch.Tensor:
-    """Non-overlapping reflected tiles of all images (a random subset when there are many)."""
+def tiles_of(images: list[np.ndarray], tile: int, max_tiles: int, gen: torch.Generator,
+             stride: int | None = None) -> torch.Tensor:
+    """Reflected tiles of all images at ``stride`` (default ``tile``: non-overlapping), a random
+    subset of at most ``max_tiles`` when there are more (chosen before cutting)."""
+    spots = []
+    for i, im in enumerate(images):
+        g = TileGrid(im.shape[1], im.shape[2], tile, tile - (stride or tile))
+        spots.extend((i, y, x) for y, x in g.positions())
+    if len(spots) > max_tiles:
+        spots = [spots[j] for j in torch.randperm(len(spots), generator=gen)[:max_tiles].tolist()]
+    cache: dict[int, tuple] = {}
     out = []
-    for im in images:
-        t = torch.from_numpy(np.ascontiguousarray(im, dtype=np.float32))
-        g = TileGrid(t.shape[1], t.shape[2], tile, 0)
-        out.extend(g.cut(t, y, x) for y, x in g.positions())
-    pool = torch.stack(out)
-    if len(pool) > max_tiles:
-        pool = pool[torch.randperm(len(pool), generator=gen)[:max_tiles]]
-    return pool
+    for i, y, x in spots:
+        if i not in cache:
+            t = torch.from_numpy(np.ascontiguousarray(images[i], dtype=np.float32))
+            cache[i] = (t, TileGrid(t.shape[1], t.shape[2], tile, tile - (stride or tile)))
+        t, g = cache[i]
+        out.append(g.cut(t, y, x))
+    return torch.stack(out)
 
 
 def default_group(device: torch.device) -> int:
@@ -154,6 +163,8 @@ def adapt_each(ckpt: Checkpoint, image_sets: list[list[np.ndarray]], cfg: AdaptC
         # at least one evaluation tile per image (up to 128): with many images (AG), 16 tiles
         # misjudged the objective and stopped adaptation early (docs/adapt.md)
         eval_set = pool[: max(cfg.eval_tiles, min(len(images), 128))]
+        if cfg.train_stride and cfg.train_stride < tile:  # overlapping training tiles (off: docs/adapt.md)
+            pool = tiles_of(images, tile, cfg.max_tiles, gen, cfg.train_stride).to(device)
         jobs.append({"pool": pool, "eval": eval_set, "gen": gen, "batch": min(cfg.batch, len(pool))})
     group = cfg.group or default_group(device)
     by_shape: dict[tuple, list[int]] = {}

@@ -162,3 +162,24 @@ def test_grouped_bf16_adaptation_runs(rng):
                      tile=32)
     assert all(np.isfinite(h["loss"]) for r in res for h in r.history)
     assert all(p.dtype == torch.float32 for r in res for p in r.checkpoint.model.parameters())
+
+
+def test_training_tiles_at_a_stride_are_crops_of_the_image(rng):
+    from indeed_cli.adaptation import tiles_of
+    im = rng.random((1, 64, 64)).astype(np.float32)
+    gen = torch.Generator().manual_seed(0)
+    assert tiles_of([im], 32, 512, gen).shape == (4, 1, 32, 32)  # non-overlapping by default
+    dense = tiles_of([im], 32, 512, gen, stride=16)
+    assert len(dense) > 4
+    inner = [t for t in dense if any(np.array_equal(t.numpy(), im[:, y:y + 32, x:x + 32])
+                                     for y in (8, 24) for x in (8, 24))]
+    assert len(inner) == 4  # the grid's interior tiles (it starts half an overlap outside) are plain crops
+    few = tiles_of([im, im], 32, 5, torch.Generator().manual_seed(0), stride=16)
+    assert few.shape == (5, 1, 32, 32)  # a random subset when there are more than max_tiles
+
+
+def test_adaptation_with_overlapping_training_tiles_runs(rng):
+    ck = _ckpt()
+    res = adapt(ck, [rng.random((1, 64, 64)).astype(np.float32)],
+                AdaptConfig(steps=2, eval_every=1, train_stride=16, max_change=1e9), tile=32)
+    assert len(res.history) == 3 and all(np.isfinite(h["loss"]) for h in res.history)
