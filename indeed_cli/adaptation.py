@@ -146,7 +146,11 @@ def adapt(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptCo
 def adapt_each(ckpt: Checkpoint, image_sets: list[list[np.ndarray]], cfg: AdaptConfig = AdaptConfig(),
                tile: int = 128, log=None) -> list[AdaptResult]:
     """One independent adaptation of ``ckpt`` per entry of ``image_sets`` (InDeedOAG: one entry
-    per image), ``cfg.group`` entries at a time as one batched network."""
+    per image), ``cfg.group`` entries at a time as one batched network.
+
+    The tiles of every entry and one adapted model per entry are held on the device until the
+    call returns, so pass a bounded number of entries (the CLI passes one group at a time).
+    """
     cfg.check()
     device = next(ckpt.model.parameters()).device
     model = copy.deepcopy(ckpt.model).float()
