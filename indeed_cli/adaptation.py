@@ -113,20 +113,16 @@ def tiles_of(images: list[np.ndarray], tile: int, max_tiles: int, gen: torch.Gen
              stride: int | None = None) -> torch.Tensor:
     """Reflected tiles of all images at ``stride`` (default ``tile``: non-overlapping), a random
     subset of at most ``max_tiles`` when there are more (chosen before cutting)."""
-    spots = []
-    for i, im in enumerate(images):
-        g = TileGrid(im.shape[1], im.shape[2], tile, tile - (stride or tile))
-        spots.extend((i, y, x) for y, x in g.positions())
+    grids = [TileGrid(im.shape[1], im.shape[2], tile, tile - (stride or tile)) for im in images]
+    spots = [(i, y, x) for i, g in enumerate(grids) for y, x in g.positions()]
     if len(spots) > max_tiles:
         spots = [spots[j] for j in torch.randperm(len(spots), generator=gen)[:max_tiles].tolist()]
-    cache: dict[int, tuple] = {}
+    tensors: dict[int, torch.Tensor] = {}
     out = []
     for i, y, x in spots:
-        if i not in cache:
-            t = torch.from_numpy(np.ascontiguousarray(images[i], dtype=np.float32))
-            cache[i] = (t, TileGrid(t.shape[1], t.shape[2], tile, tile - (stride or tile)))
-        t, g = cache[i]
-        out.append(g.cut(t, y, x))
+        if i not in tensors:
+            tensors[i] = torch.from_numpy(np.ascontiguousarray(images[i], dtype=np.float32))
+        out.append(grids[i].cut(tensors[i], y, x))
     return torch.stack(out)
 
 
@@ -190,6 +186,26 @@ def adapt_each(ckpt: Checkpoint, image_sets: list[list[np.ndarray]], cfg: AdaptC
                 results[i] = AdaptResult(Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra),
                                                     ckpt.source + " (adapted)"), history, best_step, stop)
     return results
+
+
+def adapt_images(items: list[tuple[Checkpoint, np.ndarray]], cfg: AdaptConfig = AdaptConfig(),
+                 tile: int = 128) -> tuple[list[AdaptResult], list[int]]:
+    """InDeedOAG on (checkpoint, (C, h, w) image) pairs, those sharing a checkpoint in one
+    :func:`adapt_each` call, each image shaped for its model (:func:`as_model_channels`).
+
+    Returns the results in input order and, per image, how many were adapted together.
+    """
+    by_model: dict[int, list[int]] = {}
+    for i, (ckpt, _) in enumerate(items):
+        by_model.setdefault(id(ckpt), []).append(i)
+    results: list = [None] * len(items)
+    together = [1] * len(items)
+    for members in by_model.values():
+        ckpt = items[members[0]][0]
+        sets = [as_model_channels(items[i][1], ckpt.config.channels) for i in members]
+        for i, res in zip(members, adapt_each(ckpt, sets, cfg, tile)):
+            results[i], together[i] = res, len(members)
+    return results, together
 
 
 def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: AdaptConfig, log):

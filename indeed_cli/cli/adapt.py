@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..adaptation import AdaptConfig, adapt, adapt_each, as_model_channels, default_group
+from ..adaptation import AdaptConfig, adapt, adapt_images, as_model_channels, default_group
 from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose
@@ -46,10 +46,12 @@ def adapt_cmd(
     check_targets(paths, [f for plan in plans for f in plan.values()] + ([save_weights] if save_weights else []), force)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device)
-    if noise_precision not in ("image", "pixel"):
-        raise CLIError(f"--noise-precision must be image or pixel, got {noise_precision!r}")
     cfg = AdaptConfig(modules=modules, steps=steps, lr=lr, patience=patience, max_change=max_change,
                       noise_precision=noise_precision, precision=precision, group=group)
+    try:
+        cfg.check()
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     loaded, failed = [], 0
     for p in paths:
         try:
@@ -75,16 +77,8 @@ def adapt_cmd(
         t0 = time.perf_counter()
         if shared:
             results, together = [shared], [len(loaded)]
-        else:  # oag: each image adapted alone, those sharing a checkpoint in one batched run
-            results, together = [None] * len(items), [1] * len(items)
-            by_model: dict[int, list[int]] = {}
-            for i, ((_, img), _) in enumerate(items):
-                by_model.setdefault(img.channels, []).append(i)
-            for channels, members in by_model.items():
-                own = models.get(channels)  # the checkpoint for this channel count, on data shaped for it
-                sets = [as_model_channels(items[i][0][1].data, own.config.channels) for i in members]
-                for i, res in zip(members, adapt_each(own, sets, cfg, tile)):
-                    results[i], together[i] = res, len(members)
+        else:  # oag: each image adapted alone with its own channel count's checkpoint, in batched runs
+            results, together = adapt_images([(models.get(img.channels), img.data) for (_, img), _ in items], cfg, tile)
         seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
         for i, (((src, img), files), res) in enumerate(zip(items, results)):
             dec = decompose(res.checkpoint, img, opts)

@@ -52,21 +52,18 @@ def denoise_cmd(
 
     def adapt_pending() -> None:
         """OAG on the flagged images, those sharing a checkpoint adapted together."""
-        from ..adaptation import AdaptConfig, adapt_each, as_model_channels
-        groups: dict[str, list[dict]] = {}
-        for item in pending:
-            groups.setdefault(item["ckpt"].source, []).append(item)
-        for items in groups.values():
-            ckpt = items[0]["ckpt"]
-            t0 = time.perf_counter()
-            results = adapt_each(ckpt, [as_model_channels(it["img"].data, ckpt.config.channels) for it in items],
-                                 AdaptConfig(precision=precision), tile)
-            share = (time.perf_counter() - t0) / len(items)
-            for item, res in zip(items, results):
-                t1 = time.perf_counter()
-                out = denoise(res.checkpoint, item["img"], opts)
-                item["seconds"] += share + time.perf_counter() - t1
-                finish(item, out, res)
+        from ..adaptation import AdaptConfig, adapt_images
+        if not pending:
+            return
+        t0 = time.perf_counter()
+        results, _ = adapt_images([(it["ckpt"], it["img"].data) for it in pending], AdaptConfig(precision=precision),
+                                  tile)
+        share = (time.perf_counter() - t0) / len(pending)
+        for item, res in zip(pending, results):
+            t1 = time.perf_counter()
+            out = denoise(res.checkpoint, item["img"], opts)
+            item["seconds"] += share + time.perf_counter() - t1
+            finish(item, out, res)
         pending.clear()
 
     for src, dst in zip(paths, targets):
