@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 FORMAT_VERSION = 1
 TASKS = ("denoise", "detect")
+SPARSE_INPUTS = ("residual", "residual+lowrank")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class ModelConfig:
     sparse_width: int = 48
     sparse_blocks: int = 2
     sparse_levels: int = 3
+    # what f_thetaS sees: "residual" = Y - A B^T (the paper); "residual+lowrank" = also A B^T
+    # as extra input channels (a deviation measured in docs/model.md)
+    sparse_input: str = "residual"
     groups: int = 8
     priors: Priors = field(default_factory=Priors)
 
@@ -86,6 +90,8 @@ class ModelConfig:
             raise ValueError(f"channels must be 1 or 3, got {self.channels}")
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.sparse_input not in SPARSE_INPUTS:
+            raise ValueError(f"sparse_input must be one of {SPARSE_INPUTS}, got {self.sparse_input!r}")
         if self.rank < 1:
             raise ValueError("rank must be positive")
         if self.lowrank_width % self.groups or self.sparse_width % self.groups:

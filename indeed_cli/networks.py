@@ -93,13 +93,17 @@ class LowRankModule(nn.Module):
 
 
 class SparseModule(nn.Module):
-    """f_thetaS: (Y - A B^T) -> mu_S, sigma_S, a U-Net at 1/2, 1/4, 1/8 resolution."""
+    """f_thetaS: (Y - A B^T) -> mu_S, sigma_S, a U-Net at 1/2, 1/4, 1/8 resolution.
+
+    With ``sparse_input="residual+lowrank"`` it also sees A B^T (extra input channels).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         C, w, nb, lv = cfg.channels, cfg.sparse_width, cfg.sparse_blocks, cfg.sparse_levels
         widths = [w * 2 ** i for i in range(lv)]
-        self.stem = nn.Conv2d(4 * C, widths[0], 3, padding=1)
+        self.sees_lowrank = cfg.sparse_input == "residual+lowrank"
+        self.stem = nn.Conv2d(4 * C * (2 if self.sees_lowrank else 1), widths[0], 3, padding=1)
         self.enc = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(nb)]) for c in widths[:-1])
         self.down = nn.ModuleList(nn.Conv2d(widths[i], widths[i + 1], 2, stride=2) for i in range(lv - 1))
         self.mid = nn.Sequential(*[ResBlock(widths[-1]) for _ in range(nb)])
@@ -109,7 +113,11 @@ class SparseModule(nn.Module):
         with torch.no_grad():  # S starts near zero: the residual is mostly noise at first
             self.head.weight.mul_(0.1)
 
-    def forward(self, R: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, R: Tensor, L: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.sees_lowrank:
+            if L is None:
+                raise ValueError("this sparse module also needs the low-rank part A B^T")
+            R = torch.cat([R, L], 1)
         x = self.stem(F.pixel_unshuffle(R, 2))
         skips = []
         for enc, down in zip(self.enc, self.down):
@@ -177,6 +185,6 @@ class InDeed(nn.Module):
         else:
             A_hat, B_hat = mu_A, mu_B
         L_hat = low_rank(A_hat, B_hat)
-        mu_S, sigma_S = self.sparse(Y - L_hat)
+        mu_S, sigma_S = self.sparse(Y - L_hat, L_hat)
         S_hat = mu_S + sigma_S * torch.randn_like(mu_S) if sample else mu_S
         return Decomposition(mu_A, sigma_A, mu_B, sigma_B, mu_S, sigma_S, A_hat, B_hat, L_hat, S_hat)

@@ -39,6 +39,27 @@ def test_sparse_module_sees_only_the_residual():
     assert torch.allclose(mu, d.mu_S)
 
 
+def test_sparse_module_can_also_see_the_low_rank_part(tmp_path):
+    """sparse_input="residual+lowrank": the same residual with another L gives another S;
+    the paper's "residual" module ignores L; the option survives a checkpoint round trip."""
+    from indeed_cli.checkpoint import load_checkpoint, save_checkpoint
+    m = tiny_model(3, sparse_input="residual+lowrank")
+    R, L = torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)
+    assert not torch.allclose(m.sparse(R, L)[0], m.sparse(R, 2 * L)[0])
+    with pytest.raises(ValueError, match="low-rank"):
+        m.sparse(R)
+    plain = tiny_model(3)
+    assert torch.equal(plain.sparse(R, L)[0], plain.sparse(R, 2 * L)[0])
+    Y = torch.rand(1, 3, 16, 16)
+    d = m(Y)
+    assert torch.allclose(m.sparse(Y - d.L_hat, d.L_hat)[0], d.mu_S)
+    back = load_checkpoint(save_checkpoint(tmp_path / "m.safetensors", m, {}))
+    assert back.config.sparse_input == "residual+lowrank"
+    assert torch.allclose(back.model(Y).mu_S, d.mu_S, atol=1e-3)  # fp16 weights on disk
+    with pytest.raises(ValueError, match="sparse_input"):
+        InDeed(tiny_config(3, sparse_input="image"))
+
+
 def test_modules_for_active_generalization():
     m = tiny_model(3)
     assert m.modules_for("S") == [m.sparse]

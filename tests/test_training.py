@@ -130,3 +130,22 @@ def test_init_starts_from_checkpoint_weights(tmp_path, rng, run_cli):
     code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "r2", "--init", start, "--channels", "1",
                            "--val-count", "0", "--steps", "1", "-q")
     assert code == 3 and "3-channel" in err
+    code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "r3", "--sparse-input", "image",
+                           "--val-count", "0", "--steps", "1", "-q")
+    assert code == 2 and "sparse_input" in err
+
+
+def test_train_cli_builds_the_requested_sparse_module(tmp_path, rng, run_cli):
+    from indeed_cli.checkpoint import read_metadata
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "run", "--sparse-width", "8",
+                           "--sparse-blocks", "1", "--sparse-levels", "4", "--sparse-input", "residual+lowrank",
+                           "--lowrank-width", "8", "--rank", "4", "--patch", "32", "--batch", "2", "--steps", "2",
+                           "--val-count", "1", "--ood-samples", "0", "-q", "--device", "cpu")
+    assert code == 0, err
+    cfg = read_metadata(tmp_path / "run" / "model.safetensors")["config"]
+    assert (cfg["sparse_width"], cfg["sparse_blocks"], cfg["sparse_levels"], cfg["sparse_input"]) == \
+        (8, 1, 4, "residual+lowrank")

@@ -25,7 +25,11 @@ def train_cmd(
     sigma_max: Annotated[Optional[float], typer.Option("--sigma-max", help="AWGN sigma ~ U(0, max] (8-bit units); default 75 for denoise, 5 for detect.")] = None,
     clip_prob: Annotated[float, typer.Option("--clip-prob", help="Share of patches clipped+quantised to 8 bits.")] = 0.5,
     rank: Annotated[int, typer.Option("--rank", help="r0, the maximal rank.")] = 64,
-    sparse_width: Annotated[int, typer.Option("--sparse-width")] = 48,
+    sparse_width: Annotated[int, typer.Option("--sparse-width", help="f_thetaS U-Net width at its finest scale.")] = 48,
+    sparse_blocks: Annotated[int, typer.Option("--sparse-blocks", help="Residual blocks per U-Net scale.")] = 2,
+    sparse_levels: Annotated[int, typer.Option("--sparse-levels", help="U-Net scales (inputs padded to 2**levels).")] = 3,
+    sparse_input: Annotated[str, typer.Option("--sparse-input", help="residual (Y - AB^T, the paper) or "
+                                              "residual+lowrank (also AB^T; docs/model.md).")] = "residual",
     lowrank_width: Annotated[int, typer.Option("--lowrank-width")] = 32,
     sigma0: Annotated[float, typer.Option("--sigma0", help="Precision of the supervision likelihood.")] = 1e5,
     no_bayes: Annotated[bool, typer.Option("--no-bayes", help="Drop l_fid, l_rank, l_sparse (ablation #9).")] = False,
@@ -59,7 +63,12 @@ def train_cmd(
         raise CLIError("no training images")
     if task == "detect" and not val_paths:
         raise CLIError("--task detect needs held-out normal images (--val DIR or --val-count N) to learn its threshold")
-    cfg = ModelConfig(channels=channels, rank=rank, task=task, sparse_width=sparse_width, lowrank_width=lowrank_width)
+    try:
+        cfg = ModelConfig(channels=channels, rank=rank, task=task, sparse_width=sparse_width, sparse_blocks=sparse_blocks,
+                          sparse_levels=sparse_levels, sparse_input=sparse_input, lowrank_width=lowrank_width)
+        cfg.validate()
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     init_path = ""
     if init:
         from ..checkpoint import CheckpointError, read_metadata, resolve_weights
