@@ -328,11 +328,12 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
     stop_reason = "steps"
     while step < tc.steps:
         elapsed = elapsed0 + time.time() - t0
-        if tc.time_limit and time.time() - t0 > tc.time_limit:
-            stop_reason = "time limit"
-            break
-        if tc.time_budget and elapsed > tc.time_budget:
-            stop_reason = "time budget"
+        reason = ("time limit" if tc.time_limit and time.time() - t0 > tc.time_limit else
+                  "time budget" if tc.time_budget and elapsed > tc.time_budget else "")
+        if dist:  # every rank must stop at the same step, or the others wait in DDP's all-reduce for ever
+            reason = _stop_agreed(reason, dev)
+        if reason:
+            stop_reason = reason
             break
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tc, elapsed)
@@ -384,6 +385,15 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
         import torch.distributed as tdist
         tdist.destroy_process_group()
     return {**record, "rank": rank}
+
+
+def _stop_agreed(reason: str, dev: torch.device) -> str:
+    """The stop reason of rank 0 or any rank that wants to stop, agreed by all ranks."""
+    import torch.distributed as tdist
+    reasons = ("", "time limit", "time budget")
+    code = torch.tensor([reasons.index(reason)], device=dev)
+    tdist.all_reduce(code, op=tdist.ReduceOp.MAX)
+    return reasons[int(code.item())]
 
 
 def _denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):

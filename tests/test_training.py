@@ -1,5 +1,6 @@
 """Training: noise model, resumable state, and that the loss actually goes down."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,3 +150,41 @@ def test_train_cli_builds_the_requested_sparse_module(tmp_path, rng, run_cli):
     cfg = read_metadata(tmp_path / "run" / "model.safetensors")["config"]
     assert (cfg["sparse_width"], cfg["sparse_blocks"], cfg["sparse_levels"], cfg["sparse_input"]) == \
         (8, 1, 4, "residual+lowrank")
+
+
+def _ddp_rank(rank: int, port: int, data: str, out: str, result) -> None:
+    import os
+    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from indeed_cli.training import list_images, load_images
+    ims = load_images(list_images(data), 3)
+    # only rank 1 runs out of time: both ranks must stop together, at the same step
+    tc = TrainConfig(steps=40, batch=2, patch=32, save_every=1000, time_limit=1e-9 if rank == 1 else 0)
+    rec = train(tiny_config(3), tc, ims, Path(out), device="cpu", progress=False, log=lambda m: None)
+    result.put((rank, rec["step"]))
+
+
+def test_ddp_ranks_agree_on_stopping(tmp_path, rng):
+    """A rank whose clock says stop must not leave the others waiting in DDP's all-reduce."""
+    import socket
+    import torch.multiprocessing as mp
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(2):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    result = ctx.Queue()
+    procs = [ctx.Process(target=_ddp_rank, args=(r, port, str(data), str(tmp_path / "run"), result)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    alive = [p.is_alive() for p in procs]
+    for p in procs:
+        p.kill()
+    assert not any(alive), "a rank hung"
+    steps = dict(result.get(timeout=5) for _ in procs)
+    assert steps[0] == steps[1] < 40
