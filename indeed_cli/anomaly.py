@@ -5,6 +5,9 @@ Generator (documented in docs/detect.md):
   fill   one of: a texture crop (e.g. DTD), a cut-paste of the same image from elsewhere,
          an intensity change (brighter or darker), each mixed with opacity beta in [0.3, 1]
   a share ``normal_prob`` of patches gets no anomaly, so that S learns to stay zero.
+  ``feather`` softens the mask edges (Gaussian blur of random width: gradual defects such as
+  uneven surfaces); presets: ``strong`` (the first recipe) and ``subtle`` (also faint and soft
+  anomalies, since real defects are often low-contrast).
 
 Everything runs on the patches' device and draws from one torch.Generator: a seed fixes it.
 """
@@ -27,6 +30,14 @@ class AnomalyConfig:
     p_texture: float = 0.4
     p_cutpaste: float = 0.25
     p_intensity: float = 0.2  # the rest: scratches
+    feather: tuple[float, float] = (0.0, 0.0)  # Gaussian blur sigma of the mask (px), drawn per anomaly
+    scratch_delta: tuple[float, float] = (0.3, 0.8)  # brightness change of a scratch
+
+
+PRESETS = {
+    "strong": AnomalyConfig(),
+    "subtle": AnomalyConfig(beta=(0.1, 1.0), feather=(0.0, 4.0), scratch_delta=(0.1, 0.8)),
+}
 
 
 def perlin(shape: tuple[int, int], res: int, gen: torch.Generator, device) -> Tensor:
@@ -95,7 +106,8 @@ def synthesize(normal: Tensor, gen: torch.Generator, textures: list[Tensor] | No
         kind = float(torch.rand(1, generator=gen))
         if kind >= cfg.p_texture + cfg.p_cutpaste + cfg.p_intensity:
             m = scratch_mask((h, w), gen, dev)
-            delta = 0.3 + 0.5 * float(torch.rand(1, generator=gen))
+            lo, hi = cfg.scratch_delta
+            delta = lo + (hi - lo) * float(torch.rand(1, generator=gen))
             fill = (normal[i] + (delta if float(torch.rand(1, generator=gen)) < 0.5 else -delta)).clamp(0, 1)
         else:
             m = blob_mask((h, w), cfg, gen, dev)
@@ -108,6 +120,11 @@ def synthesize(normal: Tensor, gen: torch.Generator, textures: list[Tensor] | No
                 gain = 0.5 + float(torch.rand(1, generator=gen))  # 0.5 .. 1.5
                 fill = (normal[i] * gain + 0.2 * (float(torch.rand(1, generator=gen)) - 0.5)).clamp(0, 1)
         beta = cfg.beta[0] + (cfg.beta[1] - cfg.beta[0]) * float(torch.rand(1, generator=gen))
+        if cfg.feather[1] > 0:
+            s = cfg.feather[0] + (cfg.feather[1] - cfg.feather[0]) * float(torch.rand(1, generator=gen))
+            if s > 0.3:
+                from .detection import blur
+                m = blur(m, s).clamp(0, 1)
         Y[i] = normal[i] * (1 - beta * m) + fill * beta * m
         masks[i, 0] = m
     return Y, Y - normal, masks

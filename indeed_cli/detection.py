@@ -21,15 +21,18 @@ from .inference import InferenceOptions, sparse_mean
 MAP_BLUR, SCORE_BLUR, QUANTILE = 2.0, 4.0, 0.99
 
 
-def gaussian_blur(x: np.ndarray, sigma: float) -> np.ndarray:
-    """Separable Gaussian blur of a (h, w) array; edges replicated (works at any size)."""
+def blur(t: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Separable Gaussian blur of a (h, w) tensor; edges replicated (works at any size)."""
     r = max(1, int(3 * sigma))
-    k = torch.exp(-(torch.arange(-r, r + 1, dtype=torch.float32) ** 2) / (2 * sigma ** 2))
+    k = torch.exp(-(torch.arange(-r, r + 1, dtype=torch.float32, device=t.device) ** 2) / (2 * sigma ** 2))
     k = k / k.sum()
-    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None, None]
-    t = F.pad(t, (r, r, r, r), mode="replicate")
-    t = F.conv2d(F.conv2d(t, k.view(1, 1, 1, -1)), k.view(1, 1, -1, 1))
-    return t[0, 0].numpy()
+    t = F.pad(t.float()[None, None], (r, r, r, r), mode="replicate")
+    return F.conv2d(F.conv2d(t, k.view(1, 1, 1, -1)), k.view(1, 1, -1, 1))[0, 0]
+
+
+def gaussian_blur(x: np.ndarray, sigma: float) -> np.ndarray:
+    """:func:`blur` for numpy arrays."""
+    return blur(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), sigma).numpy()
 
 
 def anomaly_map_from_sparse(mu_S: np.ndarray) -> np.ndarray:

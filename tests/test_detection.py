@@ -20,6 +20,19 @@ def test_synthesis_is_exact_deterministic_and_local():
     assert (cover == 0).any() and (cover > 0).sum() >= 6  # some normal patches, mostly anomalous ones
 
 
+def test_subtle_preset_adds_faint_soft_edged_anomalies():
+    from indeed_cli.anomaly import PRESETS
+    x = torch.rand(48, 1, 64, 64) * 0.5 + 0.25
+    Y, UA, M = synthesize(x, torch.Generator().manual_seed(5), None, PRESETS["subtle"])
+    Y2, _, _ = synthesize(x, torch.Generator().manual_seed(5), None, PRESETS["subtle"])
+    assert torch.equal(Y, Y2) and torch.allclose(Y, x + UA)
+    assert (UA * (M == 0)).abs().max() == 0  # nothing changes where the mask is zero
+    soft = ((M > 0.05) & (M < 0.95)).flatten(1).float().mean(1)
+    assert (soft > 0.02).sum() >= 5  # several anomalies with gradual edges
+    _, _, M_strong = synthesize(x, torch.Generator().manual_seed(5), None, PRESETS["strong"])
+    assert ((M_strong > 0) & (M_strong < 1)).sum() == 0  # the strong preset keeps hard masks
+
+
 def test_normal_only_config_gives_no_anomaly():
     x = torch.rand(4, 1, 32, 32)
     Y, UA, M = synthesize(x, torch.Generator().manual_seed(0), None, AnomalyConfig(normal_prob=1.0))
@@ -78,6 +91,10 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
     meta = read_metadata(tmp_path / "run" / "model.safetensors")
     assert meta["config"]["task"] == "detect"
     assert meta["extra"]["detect"]["n_calibration"] == 2 and meta["extra"]["detect"]["threshold"] > 0
+    assert meta["training"]["anomalies"]["preset"] == "strong"
+    code, _, err = run_cli("train", "--task", "detect", "--data", d, "--val-count", "2", "--channels", "1",
+                           "--anomalies", "loud", "--steps", "1", "--out", tmp_path / "run1", "-q")
+    assert code == 2 and "--anomalies" in err
     # without held-out normal images there is no threshold to learn: refused before any training
     code, _, err = run_cli("train", "--task", "detect", "--data", d, "--val-count", "0", "--channels", "1",
                            "--steps", "3", "--out", tmp_path / "run0", "-q")
