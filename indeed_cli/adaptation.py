@@ -45,11 +45,17 @@ from .checkpoint import Checkpoint
 from .tiling import TileGrid
 
 
+# Learning rates measured for the shipped colour model (docs/adapt.md): one adaptation on a whole
+# folder (AG) needs smaller steps than one per image (OAG) to stay inside the trust region.
+AG_LR = 1e-5
+OAG_LR = 3e-5
+
+
 @dataclass
 class AdaptConfig:
     modules: str = "S"
     steps: int = 20
-    lr: float = 1e-4
+    lr: float = 3e-5  # OAG_LR; InDeedAG uses AG_LR (chosen on PolyU100 for the retrained colour model, docs/adapt.md)
     batch: int = 8
     eval_every: int = 2
     patience: int = 6

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..adaptation import AdaptConfig, adapt, adapt_images, as_model_channels, default_group
+from ..adaptation import AG_LR, OAG_LR, AdaptConfig, adapt, adapt_images, as_model_channels, default_group
 from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose
@@ -21,10 +21,10 @@ def adapt_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Output folder: <stem>.png and the decomposition files.")],
     mode: Annotated[str, typer.Option("--mode", help="ag: adapt once on all inputs; oag: adapt on each image alone.")] = "ag",
     modules: Annotated[str, typer.Option("--modules", help="Module(s) to fine-tune: S, L or LS.")] = "S",
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Most optimisation steps (early stopping may end sooner).")] = 20,
-    lr: Annotated[float, typer.Option("--lr")] = 1e-4,
-    patience: Annotated[int, typer.Option("--patience", min=1, help="Evaluations without improvement before stopping.")] = 6,
-    max_change: Annotated[float, typer.Option("--max-change", help="Trust region: stop when L + S has moved this much (RMS, 8-bit units).")] = 2.5,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Most optimisation steps (early stopping may end sooner).")] = AdaptConfig.steps,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Adam learning rate (default 1e-5 for ag, 3e-5 for oag).")] = None,
+    patience: Annotated[int, typer.Option("--patience", min=1, help="Evaluations without improvement before stopping.")] = AdaptConfig.patience,
+    max_change: Annotated[float, typer.Option("--max-change", help="Trust region: stop when L + S has moved this much (RMS, 8-bit units).")] = AdaptConfig.max_change,
     noise_precision: Annotated[str, typer.Option("--noise-precision", help="image: one noise precision per image; pixel: the paper's pixel-wise Lambda.")] = "image",
     save_weights: Annotated[Optional[Path], typer.Option("--save-weights", help="ag: write the adapted checkpoint here.")] = None,
     group: Annotated[Optional[int], typer.Option("--group", min=1, help="oag: images adapted at once, each with its own "
@@ -46,6 +46,8 @@ def adapt_cmd(
     check_targets(paths, [f for plan in plans for f in plan.values()] + ([save_weights] if save_weights else []), force)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device)
+    if lr is None:
+        lr = AG_LR if mode == "ag" else OAG_LR
     cfg = AdaptConfig(modules=modules, steps=steps, lr=lr, patience=patience, max_change=max_change,
                       noise_precision=noise_precision, precision=precision, group=group)
     try:
