@@ -71,7 +71,8 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
     for n in ("a", "b"):
         assert (tmp_path / "o" / f"{n}.png").exists() and (tmp_path / "o" / f"{n}.npz").exists()
     from indeed_cli.checkpoint import read_metadata
-    assert read_metadata(tmp_path / "ad.safetensors")["training"]["adapted"]["modules"] == "S"
+    adapted = read_metadata(tmp_path / "ad.safetensors")["training"]["adapted"]
+    assert adapted["modules"] == "S" and adapted["lr"] == 1e-5  # the AG default; OAG's is 3e-5
     code, out, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o2", "-w", ckpt_paths[3], "--steps", "1",
                              "--group", "2", "--json", "-q")
     assert code == 0, err
