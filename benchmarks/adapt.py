@@ -16,7 +16,6 @@ table.  Prints Markdown tables and the command that made them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cbm3d_method, ffdnet_method  # noqa: E402
 from indeed_cli import InferenceOptions, decompose, denoise, load_model  # noqa: E402
-from indeed_cli.adaptation import AG_LR, OAG_LR, AdaptConfig, adapt, adapt_each, default_group  # noqa: E402
+from indeed_cli.adaptation import AdaptConfig, adapt, adapt_each, default_group  # noqa: E402
 from indeed_cli.detection import auroc  # noqa: E402
 from indeed_cli.imageio import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr, ssim  # noqa: E402
@@ -214,15 +213,13 @@ def main() -> None:
         ck = load_model(a.weights, 3, a.device)
         dev = str(next(ck.model.parameters()).device)
         opts = InferenceOptions(precision=a.precision)
-        acfg = AdaptConfig(steps=a.steps, lr=a.lr or OAG_LR, max_change=a.max_change, patience=a.patience, precision=a.precision,
+        acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change, patience=a.patience, precision=a.precision,
                            eval_every=a.eval_every, group=a.group, train_stride=a.train_stride or None)
         if any(m not in ("ffdnet", "cbm3d") for m in methods):
             warm_up(ck, data, opts, acfg, dev)
         for m in methods:
             t = time.perf_counter()
-            lr = a.lr if a.lr is not None else (AG_LR if m.startswith("ag-") else OAG_LR)
-            mcfg = dataclasses.replace(acfg, lr=lr)
-            new = run_peer(m, data, dev) if m in ("ffdnet", "cbm3d") else run_indeed(m, ck, data, opts, mcfg, dev)
+            new = run_peer(m, data, dev) if m in ("ffdnet", "cbm3d") else run_indeed(m, ck, data, opts, acfg, dev)
             print(f"{m}: {time.perf_counter() - t:.1f} s, mean PSNR {np.mean([r['psnr'] for r in new]):.2f}",
                   file=sys.stderr, flush=True)
             rows += new

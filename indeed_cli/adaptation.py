@@ -55,7 +55,7 @@ OAG_LR = 3e-5
 class AdaptConfig:
     modules: str = "S"
     steps: int = 20
-    lr: float = 3e-5  # OAG_LR; InDeedAG uses AG_LR (chosen on PolyU100 for the retrained colour model, docs/adapt.md)
+    lr: float | None = None  # None: AG_LR in adapt() (InDeedAG), OAG_LR in adapt_each()/adapt_images() (InDeedOAG)
     batch: int = 8
     eval_every: int = 2
     patience: int = 6
@@ -142,6 +142,8 @@ def adapt(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptCo
           log=None) -> AdaptResult:
     """InDeedAG: fine-tune one copy of ``ckpt`` on all ``images`` ((C, h, w) floats in [0, 1],
     the model's channels)."""
+    if cfg.lr is None:
+        cfg = replace(cfg, lr=AG_LR)
     return adapt_each(ckpt, [images], cfg, tile, log)[0]
 
 
@@ -154,6 +156,8 @@ def adapt_each(ckpt: Checkpoint, image_sets: list[list[np.ndarray]], cfg: AdaptC
     call returns, so pass a bounded number of entries (the CLI passes one group at a time).
     """
     cfg.check()
+    if cfg.lr is None:
+        cfg = replace(cfg, lr=OAG_LR)
     device = next(ckpt.model.parameters()).device
     model = copy.deepcopy(ckpt.model).float()
     model.__dict__.pop("forward", None)  # a compiled forward (--compile) would run the original's weights

@@ -184,3 +184,13 @@ def test_adaptation_with_overlapping_training_tiles_runs(rng):
     res = adapt(ck, [rng.random((1, 64, 64)).astype(np.float32)],
                 AdaptConfig(steps=2, eval_every=1, train_stride=16, max_change=1e9), tile=32)
     assert len(res.history) == 3 and all(np.isfinite(h["loss"]) for h in res.history)
+
+
+def test_default_learning_rate_depends_on_the_mode(rng):
+    """InDeedAG (one adaptation on a folder) and InDeedOAG (one per image) have their own measured defaults."""
+    from indeed_cli.adaptation import AG_LR, OAG_LR
+    ck = _ckpt()
+    cfg = AdaptConfig(steps=1, eval_every=1)
+    assert adapt(ck, _images(rng), cfg, tile=32).checkpoint.training["adapted"]["lr"] == AG_LR
+    assert adapt_each(ck, [[x] for x in _images(rng)], cfg, tile=32)[0].checkpoint.training["adapted"]["lr"] == OAG_LR
+    assert adapt(ck, _images(rng), AdaptConfig(steps=1, lr=1e-3), tile=32).checkpoint.training["adapted"]["lr"] == 1e-3

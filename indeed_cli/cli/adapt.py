@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..adaptation import AG_LR, OAG_LR, AdaptConfig, adapt, adapt_images, as_model_channels, default_group
+from ..adaptation import AdaptConfig, adapt, adapt_images, as_model_channels, default_group
 from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose
@@ -46,8 +46,6 @@ def adapt_cmd(
     check_targets(paths, [f for plan in plans for f in plan.values()] + ([save_weights] if save_weights else []), force)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device)
-    if lr is None:
-        lr = AG_LR if mode == "ag" else OAG_LR
     cfg = AdaptConfig(modules=modules, steps=steps, lr=lr, patience=patience, max_change=max_change,
                       noise_precision=noise_precision, precision=precision, group=group)
     try:
