@@ -331,7 +331,7 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
         reason = ("time limit" if tc.time_limit and time.time() - t0 > tc.time_limit else
                   "time budget" if tc.time_budget and elapsed > tc.time_budget else "")
         if dist:  # every rank must stop at the same step, or the others wait in DDP's all-reduce for ever
-            reason = _stop_agreed(reason, dev)
+            reason = STOP_REASONS[_max_over_ranks(STOP_REASONS.index(reason), dev)]
         if reason:
             stop_reason = reason
             break
@@ -342,7 +342,10 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
             Y = Y.contiguous(memory_format=torch.channels_last)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
             total, parts = training_loss(net, Y, targets, tc.task, tc.losses, model_cfg.priors)
-        if not torch.isfinite(total):
+        skip = not torch.isfinite(total)
+        if dist:  # likewise for skipping a batch: a rank that skips its backward would stall the others
+            skip = bool(_max_over_ranks(int(skip), dev))
+        if skip:
             log(f"step {step}: non-finite loss, batch skipped")
             opt.zero_grad(set_to_none=True)
             step += 1
@@ -384,16 +387,18 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
     if dist:
         import torch.distributed as tdist
         tdist.destroy_process_group()
-    return {**record, "rank": rank}
+    return {**record, "step": step, "rank": rank}  # every rank reports the step it stopped at
 
 
-def _stop_agreed(reason: str, dev: torch.device) -> str:
-    """The stop reason of rank 0 or any rank that wants to stop, agreed by all ranks."""
+STOP_REASONS = ("", "time limit", "time budget")
+
+
+def _max_over_ranks(code: int, dev: torch.device) -> int:
+    """The largest ``code`` over all DDP ranks: per-rank decisions (stop, skip a batch) agreed."""
     import torch.distributed as tdist
-    reasons = ("", "time limit", "time budget")
-    code = torch.tensor([reasons.index(reason)], device=dev)
-    tdist.all_reduce(code, op=tdist.ReduceOp.MAX)
-    return reasons[int(code.item())]
+    t = torch.tensor([code], device=dev)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def _denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):

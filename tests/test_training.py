@@ -152,20 +152,33 @@ def test_train_cli_builds_the_requested_sparse_module(tmp_path, rng, run_cli):
         (8, 1, 4, "residual+lowrank")
 
 
-def _ddp_rank(rank: int, port: int, data: str, out: str, result) -> None:
+def _ddp_rank(rank: int, port: int, data: str, out: str, result, case: str) -> None:
     import os
     os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    import indeed_cli.training as T
     from indeed_cli.training import list_images, load_images
     ims = load_images(list_images(data), 3)
-    # only rank 1 runs out of time: both ranks must stop together, at the same step
-    tc = TrainConfig(steps=40, batch=2, patch=32, save_every=1000, time_limit=1e-9 if rank == 1 else 0)
+    # "time": only rank 1 runs out of time; "nan": only rank 1 sees a non-finite loss (first batch).
+    # Either way both ranks must take the same decision at the same step.
+    tc = TrainConfig(steps=40 if case == "time" else 3, batch=2, patch=32, save_every=1000,
+                     time_limit=1e-9 if case == "time" and rank == 1 else 0)
+    if case == "nan" and rank == 1:
+        original, calls = T.training_loss, []
+
+        def first_loss_nan(*args, **kwargs):
+            total, parts = original(*args, **kwargs)
+            calls.append(1)
+            return (total * float("nan") if len(calls) == 1 else total), parts
+        T.training_loss = first_loss_nan
     rec = train(tiny_config(3), tc, ims, Path(out), device="cpu", progress=False, log=lambda m: None)
     result.put((rank, rec["step"]))
 
 
-def test_ddp_ranks_agree_on_stopping(tmp_path, rng):
-    """A rank whose clock says stop must not leave the others waiting in DDP's all-reduce."""
+@pytest.mark.parametrize("case", ["time", "nan"])
+def test_ddp_ranks_agree_on_stopping_and_skipping(tmp_path, rng, case):
+    """A rank whose clock says stop, or whose batch is skipped, must not leave the others
+    waiting in DDP's all-reduce."""
     import socket
     import torch.multiprocessing as mp
     data = tmp_path / "data"
@@ -177,7 +190,8 @@ def test_ddp_ranks_agree_on_stopping(tmp_path, rng):
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     result = ctx.Queue()
-    procs = [ctx.Process(target=_ddp_rank, args=(r, port, str(data), str(tmp_path / "run"), result)) for r in (0, 1)]
+    procs = [ctx.Process(target=_ddp_rank, args=(r, port, str(data), str(tmp_path / "run"), result, case))
+             for r in (0, 1)]
     for p in procs:
         p.start()
     for p in procs:
@@ -187,4 +201,5 @@ def test_ddp_ranks_agree_on_stopping(tmp_path, rng):
         p.kill()
     assert not any(alive), "a rank hung"
     steps = dict(result.get(timeout=5) for _ in procs)
-    assert steps[0] == steps[1] < 40
+    assert steps[0] == steps[1]
+    assert steps[0] < 40 if case == "time" else steps[0] == 3
