@@ -122,7 +122,7 @@ def synthesize(normal: Tensor, gen: torch.Generator, textures: list[Tensor] | No
         beta = cfg.beta[0] + (cfg.beta[1] - cfg.beta[0]) * float(torch.rand(1, generator=gen))
         if cfg.feather[1] > 0:
             s = cfg.feather[0] + (cfg.feather[1] - cfg.feather[0]) * float(torch.rand(1, generator=gen))
-            if s > 0.3:
+            if s > 0.3:  # a narrower Gaussian would barely change the mask: keep it binary
                 from .detection import blur
                 m = blur(m, s).clamp(0, 1)
         Y[i] = normal[i] * (1 - beta * m) + fill * beta * m
