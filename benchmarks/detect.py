@@ -9,8 +9,10 @@ and overall, for InDeed and two baselines side by side:
         --weights weights/indeed-detect-magnetic-tile.safetensors --nobayes NOBAYES.safetensors
 
 Normal evaluation images are the MT_Free images that benchmarks/mt_split.py puts in 'eval'
-(never trained on, never used for the threshold).  Every map is smoothed the same way
-(indeed_cli.detection.anomaly_map_from_sparse) and scored by the same image score.
+(never trained on, never used for the threshold), or those listed in ``--normal``.  Every map is
+smoothed the same way (indeed_cli.detection.anomaly_map_from_sparse) and scored by the same image
+score (``--score``, default the current one); network maps are read out at the checkpoint's scales (``--scales`` overrides them).
+Several detectors side by side: ``--weights NAME=PATH,NAME=PATH`` and ``--methods NAME,...``.
 """
 from __future__ import annotations
 
@@ -26,9 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mt_split import split  # noqa: E402
 from indeed_cli.checkpoint import load_checkpoint  # noqa: E402
-from indeed_cli.detection import anomaly_map_from_sparse, detection_metrics, image_score, load_mask  # noqa: E402
+from indeed_cli.detection import (DEFAULT_SCORE, SCORE_DEFINITIONS, anomaly_map_from_sparse, detect,  # noqa: E402
+                                  detection_metrics, image_score, load_mask, readout_scales)
 from indeed_cli.imageio import read_image  # noqa: E402
-from indeed_cli.inference import sparse_mean  # noqa: E402
+from indeed_cli.inference import resolve_device  # noqa: E402
+from indeed_cli.training import list_images  # noqa: E402
 
 DEFECTS = ["MT_Blowhole", "MT_Break", "MT_Crack", "MT_Fray", "MT_Uneven"]
 
@@ -60,19 +64,32 @@ def rpca_sparse(Y: np.ndarray, max_iter: int = 100, tol: float = 1e-6) -> np.nda
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
-    ap.add_argument("--weights", required=True)
+    ap.add_argument("--weights", required=True, help="PATH (method 'indeed') or NAME=PATH,NAME=PATH,...")
     ap.add_argument("--nobayes", default=None)
     ap.add_argument("--methods", default="indeed,nobayes,rpca")
+    ap.add_argument("--normal", default=None, help="folder or .txt list of normal evaluation images "
+                    "(default: the 'eval' split of DATA/MT_Free)")
+    ap.add_argument("--scales", default=None, help="read-out scales for every network, e.g. 1,0.5,0.25 "
+                    "(default: each checkpoint's own)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--score", default=DEFAULT_SCORE, choices=sorted(SCORE_DEFINITIONS),
+                    help="image score for every method (default: the current one, whatever each checkpoint stores)")
     ap.add_argument("--limit", type=int, default=0, help="first N images per folder (0 = all)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     root = Path(a.data)
     items = [(c, p) for c in DEFECTS for p in sorted((root / c).glob("*.jpg"))[: a.limit or None]]
-    items += [("normal", p) for p in split(root / "MT_Free")["eval"][: a.limit or None]]
+    normal = list_images(a.normal) if a.normal else split(root / "MT_Free")["eval"]
+    items += [("normal", p) for p in normal[: a.limit or None]]
     methods = a.methods.split(",")
-    models = {"indeed": load_checkpoint(a.weights)}
-    if "nobayes" in methods:
-        models["nobayes"] = load_checkpoint(a.nobayes)
+    dev = resolve_device(a.device)
+    named = dict(w.split("=", 1) if "=" in w else ("indeed", w) for w in a.weights.split(","))
+    if a.nobayes:
+        named["nobayes"] = a.nobayes
+    models = {m: load_checkpoint(named[m], dev) for m in methods if m != "rpca"}
+    scales = tuple(float(v) for v in a.scales.split(",")) if a.scales else None
+    for m, ck in models.items():
+        print(f"{m}: {ck.source}, scales {scales or readout_scales(ck)}", file=sys.stderr)
     results = {}
     for m in methods:
         maps, masks, scores, labels, classes = [], [], [], [], []
@@ -80,14 +97,15 @@ def main() -> None:
         for cls, p in items:
             img = read_image(p)
             if m == "rpca":
-                mu_S = rpca_sparse(img.data.mean(0).astype(np.float64))[None]
+                amap = anomaly_map_from_sparse(rpca_sparse(img.data.mean(0).astype(np.float64))[None])
+                score = image_score(amap, a.score)
             else:
-                mu_S = sparse_mean(models[m], img)
-            amap = anomaly_map_from_sparse(mu_S)
+                det = detect(models[m], img, scales=scales, score=a.score)
+                amap, score = det.anomaly_map, det.score
             mask = load_mask(p, amap.shape)
             maps.append(amap)
             masks.append(mask)
-            scores.append(image_score(amap))
+            scores.append(score)
             labels.append(bool(mask.any()))
             classes.append(cls)
         secs = (time.perf_counter() - t0) / len(items)
@@ -104,7 +122,7 @@ def main() -> None:
         for cls in ["all"] + DEFECTS:
             r = results[m][cls]
             print(f"| {m} | {cls} (+ normal) | {r['pixel_auroc']:.4f} | {r['pixel_ap']:.4f} | {r['image_auroc']:.4f} |")
-    print("\n| method | CPU s / image |\n|---|---|")
+    print(f"\n| method | s / image ({a.device}) |\n|---|---|")
     for m in methods:
         print(f"| {m} | {results[m]['seconds_per_image']:.2f} |")
     if a.json:

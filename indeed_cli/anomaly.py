@@ -3,11 +3,15 @@
 Generator (documented in docs/detect.md):
   mask   thresholded Perlin noise (blobs of random scale), or a thin random scratch
   fill   one of: a texture crop (e.g. DTD), a cut-paste of the same image from elsewhere,
-         an intensity change (brighter or darker), each mixed with opacity beta in [0.3, 1]
+         an intensity change (brighter or darker), each mixed with opacity beta in [0.3, 1];
+         the ``surface`` preset adds edge bands and single large blobs as masks, and as fills
+         the surface of another image of the batch (brightness matched or not) and the patch's
+         own texture smoothed, sharpened or smeared along one axis (a different surface finish)
   a share ``normal_prob`` of patches gets no anomaly, so that S learns to stay zero.
   ``feather`` softens the mask edges (Gaussian blur of random width: gradual defects such as
   uneven surfaces); presets: ``strong`` (the first recipe) and ``subtle`` (also faint and soft
-  anomalies, since real defects are often low-contrast).
+  anomalies, since real defects are often low-contrast), ``surface`` (large, soft regions of a
+  different surface texture: magnetic-tile "uneven" and "fray" defects are of this kind).
 
 Everything runs on the patches' device and draws from one torch.Generator: a seed fixes it.
 """
@@ -32,11 +36,17 @@ class AnomalyConfig:
     p_intensity: float = 0.2  # the rest: scratches
     feather: tuple[float, float] = (0.0, 0.0)  # Gaussian blur sigma of the mask (px), drawn per anomaly
     scratch_delta: tuple[float, float] = (0.3, 0.8)  # brightness change of a scratch
+    p_other: float = 0.0  # fill with another image of the batch (a different surface)
+    p_filter: float = 0.0  # fill with the patch's own texture smoothed / sharpened / smeared
+    p_band: float = 0.0  # share of region masks that are bands along one side of the patch
 
 
 PRESETS = {
     "strong": AnomalyConfig(),
     "subtle": AnomalyConfig(beta=(0.1, 1.0), feather=(0.0, 4.0), scratch_delta=(0.1, 0.8)),
+    "surface": AnomalyConfig(perlin_scales=(1, 2, 4, 8), beta=(0.2, 1.0), feather=(0.0, 4.0),
+                             scratch_delta=(0.1, 0.8), p_texture=0.2, p_cutpaste=0.1, p_intensity=0.1,
+                             p_other=0.25, p_filter=0.2, p_band=0.3),
 }
 
 
@@ -74,6 +84,29 @@ def blob_mask(shape, cfg: AnomalyConfig, gen: torch.Generator, device) -> Tensor
     return m
 
 
+def band_mask(shape, gen: torch.Generator, device) -> Tensor:
+    """A band along one side of the patch, 15-60% deep, with a wavy boundary (Perlin profile)."""
+    h, w = shape
+    depth = (0.15 + 0.45 * float(torch.rand(1, generator=gen))) * h
+    res = int(torch.randint(1, 4, (1,), generator=gen))
+    profile = perlin((2, w), res, gen, device)[0] * 0.15 * h  # boundary wobble, about +-15% of h
+    rows = torch.arange(h, device=device, dtype=torch.float32)[:, None]
+    m = (rows < depth + profile[None, :]).float()
+    return torch.rot90(m, int(torch.randint(4, (1,), generator=gen)), (0, 1)) if h == w else m
+
+
+def filtered(x: Tensor, gen: torch.Generator) -> Tensor:
+    """The patch's own texture with a different finish: smoothed, sharpened, or smeared along one axis."""
+    from .detection import blur_batch
+    kind = int(torch.randint(3, (1,), generator=gen))
+    s = 1.0 + 3.0 * float(torch.rand(1, generator=gen))
+    if kind == 0:
+        return blur_batch(x, s, s)
+    if kind == 1:
+        return (x + (1 + 2 * float(torch.rand(1, generator=gen))) * (x - blur_batch(x, s, s))).clamp(0, 1)
+    return blur_batch(x, 2 * s, 0.0) if float(torch.rand(1, generator=gen)) < 0.5 else blur_batch(x, 0.0, 2 * s)
+
+
 def scratch_mask(shape, gen: torch.Generator, device) -> Tensor:
     """A thin random curve (1-3 px) across part of the patch."""
     h, w = shape
@@ -104,18 +137,27 @@ def synthesize(normal: Tensor, gen: torch.Generator, textures: list[Tensor] | No
         if float(torch.rand(1, generator=gen)) < cfg.normal_prob:
             continue
         kind = float(torch.rand(1, generator=gen))
-        if kind >= cfg.p_texture + cfg.p_cutpaste + cfg.p_intensity:
+        region = cfg.p_texture + cfg.p_cutpaste + cfg.p_intensity + cfg.p_other + cfg.p_filter
+        if kind >= region:
             m = scratch_mask((h, w), gen, dev)
             lo, hi = cfg.scratch_delta
             delta = lo + (hi - lo) * float(torch.rand(1, generator=gen))
             fill = (normal[i] + (delta if float(torch.rand(1, generator=gen)) < 0.5 else -delta)).clamp(0, 1)
         else:
-            m = blob_mask((h, w), cfg, gen, dev)
+            band = cfg.p_band > 0 and float(torch.rand(1, generator=gen)) < cfg.p_band
+            m = band_mask((h, w), gen, dev) if band else blob_mask((h, w), cfg, gen, dev)
             if kind < cfg.p_texture and textures:
                 fill = _texture_crop(textures, C, h, w, gen, dev)
             elif kind < cfg.p_texture + cfg.p_cutpaste:
                 dy, dx = int(torch.randint(h, (1,), generator=gen)), int(torch.randint(w, (1,), generator=gen))
                 fill = torch.roll(normal[i], (dy, dx), (1, 2)).flip(int(torch.randint(1, 3, (1,), generator=gen)))
+            elif kind < cfg.p_texture + cfg.p_cutpaste + cfg.p_other and n > 1:
+                j = (i + 1 + int(torch.randint(n - 1, (1,), generator=gen))) % n  # any other patch
+                fill = normal[j]
+                if float(torch.rand(1, generator=gen)) < 0.5:  # same brightness, different texture
+                    fill = (fill - fill.mean() + normal[i].mean()).clamp(0, 1)
+            elif kind < region - cfg.p_intensity:
+                fill = filtered(normal[i:i + 1], gen)[0]
             else:
                 gain = 0.5 + float(torch.rand(1, generator=gen))  # 0.5 .. 1.5
                 fill = (normal[i] * gain + 0.2 * (float(torch.rand(1, generator=gen)) - 0.5)).clamp(0, 1)

@@ -78,6 +78,21 @@ def load_images(paths: list[Path], channels: int) -> list[torch.Tensor]:
     return out
 
 
+def image_pyramid(images: list[torch.Tensor], scales: tuple[float, ...]) -> list[torch.Tensor]:
+    """Each uint8 image at each scale (antialiased bilinear), so that a 128 crop of a downscaled
+    copy shows a whole defect with the normal surface around it (detect --scales)."""
+    out = []
+    for s in scales:
+        for im in images:
+            if s == 1:
+                out.append(im)
+                continue
+            size = (max(8, round(im.shape[1] * s)), max(8, round(im.shape[2] * s)))
+            small = F.interpolate(im[None].float(), size=size, mode="bilinear", align_corners=False, antialias=True)
+            out.append(small[0].round().clamp(0, 255).to(torch.uint8))
+    return out
+
+
 class PatchSampler:
     """Random crops with the 8 flips/rotations, drawn from images kept on the device."""
 
@@ -108,11 +123,13 @@ class PatchSampler:
 
 
 def _pad_to(im: torch.Tensor, size: int) -> torch.Tensor:
-    ph, pw = max(0, size - im.shape[1]), max(0, size - im.shape[2])
-    if not ph and not pw:
-        return im
-    mode = "reflect" if ph < im.shape[1] and pw < im.shape[2] else "replicate"
-    return F.pad(im[None].float(), (0, pw, 0, ph), mode=mode)[0].round().to(im.dtype)
+    """Mirror-extend a narrow image to ``size`` the way the tiler does at inference (repeated
+    reflection, any shortfall), so that training and inference see the same borders."""
+    from .tiling import reflect_index
+    h, w = im.shape[1:]
+    rows = torch.from_numpy(reflect_index(np.arange(max(h, size)), h))
+    cols = torch.from_numpy(reflect_index(np.arange(max(w, size)), w))
+    return im[:, rows][:, :, cols]
 
 
 def add_noise(clean: torch.Tensor, sigma_max: float, clip_prob: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

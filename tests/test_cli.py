@@ -178,6 +178,14 @@ def test_detect_writes_maps_and_json(run_cli, tmp_path, rng, detector):
     assert code == 0 and json.loads(out)["anomalous"] is False and json.loads(out)["threshold"] == 1e9
     code, _, err = run_cli("detect", a, "--maps", tmp_path / "m3", "-w", detector.parent / "tiny1.safetensors")
     assert code == 3
+    # --scales overrides the read-out: the map is the mean over scales, so it differs from scale 1 alone
+    code, out, err = run_cli("detect", a, "--maps", tmp_path / "m4", "-w", detector, "--json", "--scales", "1,0.5")
+    assert code == 0, err
+    z2 = np.load(tmp_path / "m4" / "t1.npz")["anomaly_map"]
+    z1 = np.load(tmp_path / "maps" / "t1.npz")["anomaly_map"]
+    assert z2.shape == z1.shape and not np.allclose(z1, z2)
+    code, _, err = run_cli("detect", a, "--maps", tmp_path / "m5", "-w", detector, "--scales", "2")
+    assert code == 2 and "--scales" in err and not (tmp_path / "m5").exists()
 
 
 def test_evaluate_detect_against_masks(run_cli, tmp_path, rng, detector):

@@ -127,6 +127,17 @@ def progress_bar(total: int, desc: str, quiet: bool):
                 file=sys.stderr, dynamic_ncols=True)
 
 
+def parse_scales(text: str) -> tuple[float, ...]:
+    """'1,0.5,0.25' -> (1.0, 0.5, 0.25); each in (0, 1], no repeats."""
+    try:
+        scales = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise CLIError(f"--scales must be comma-separated numbers, got {text!r}", 2) from None
+    if not scales or any(not 0 < v <= 1 for v in scales) or len(set(scales)) != len(scales):
+        raise CLIError(f"--scales must be distinct numbers in (0, 1], got {text!r}", 2)
+    return scales
+
+
 def warn(msg: str) -> None:
     sys.stderr.write(f"indeed: {msg}\n")
 

@@ -8,11 +8,10 @@ import numpy as np
 import typer
 from PIL import Image
 
-from ..detection import detect
+from ..detection import detect, detect_tiles, readout_scales
 from ..imageio import ImageError, atomic_save, atomic_write_via, read_image
-from ..inference import n_tiles
 from .common import (Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
-                     Tile, Weights, CLIError, check_targets, require_folder, emit_json, expand_inputs, inference_options,
+                     Tile, Weights, CLIError, check_targets, parse_scales, require_folder, emit_json, expand_inputs, inference_options,
                      progress_bar, report_failure, warn)
 
 
@@ -30,11 +29,14 @@ def detect_cmd(
     inputs: Annotated[list[str], typer.Argument(help="Image files, folders or glob patterns.")],
     maps: Annotated[Path, typer.Option("--maps", help="Folder for <stem>_anomaly/_overlay/_mask.png and <stem>.npz.")],
     threshold: Annotated[Optional[float], typer.Option("--threshold", help="Override the checkpoint's learned threshold.")] = None,
+    scales: Annotated[Optional[str], typer.Option("--scales", help="Read-out scales, e.g. 1,0.5,0.25 (maps averaged); "
+                                                  "default: those stored with the threshold.")] = None,
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
     quiet: Quiet = False, recursive: Recursive = False, compile_net: Compile = False,
 ) -> None:
     """Detect anomalies (defects) pixel by pixel; one JSON line per image with --json."""
+    read_scales = parse_scales(scales) if scales else None
     paths = expand_inputs(inputs, recursive)
     require_folder(maps, "--maps")
     plans = [{"anomaly": maps / f"{p.stem}_anomaly.png", "overlay": maps / f"{p.stem}_overlay.png",
@@ -50,8 +52,9 @@ def detect_cmd(
             t = threshold if threshold is not None else ck.extra.get("detect", {}).get("threshold")
             if t is None:
                 raise CLIError(f"{ck.source} stores no threshold; pass --threshold", 2)
-            with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
-                det = detect(ck, img, opts, progress=bar.update)
+            use = read_scales or readout_scales(ck)
+            with progress_bar(detect_tiles(ck, *img.size, opts, use), src.name, quiet) as bar:
+                det = detect(ck, img, opts, progress=bar.update, scales=use)
             amap = det.anomaly_map
             view = amap / (2 * t) if t > 0 else amap / max(float(amap.max()), 1e-12)
             hm = heat(view)
