@@ -187,7 +187,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N pairs only")
     ap.add_argument("--split", default="all", choices=["all", "even", "odd"],
                     help="every other pair by name: even = the set the adaptation settings were tuned on")
-    ap.add_argument("--steps", type=int, default=AdaptConfig.steps)
+    ap.add_argument("--steps", type=int, default=None, help="default: 20 for ag-*, 12 for oag (the CLI defaults)")
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-5 for ag-*, 3e-5 for oag (the CLI defaults)")
     ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change)
     ap.add_argument("--patience", type=int, default=AdaptConfig.patience)

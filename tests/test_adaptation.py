@@ -194,3 +194,15 @@ def test_default_learning_rate_depends_on_the_mode(rng):
     assert adapt(ck, _images(rng), cfg, tile=32).checkpoint.training["adapted"]["lr"] == AG_LR
     assert adapt_each(ck, [[x] for x in _images(rng)], cfg, tile=32)[0].checkpoint.training["adapted"]["lr"] == OAG_LR
     assert adapt(ck, _images(rng), AdaptConfig(steps=1, lr=1e-3), tile=32).checkpoint.training["adapted"]["lr"] == 1e-3
+
+
+def test_default_step_limit_depends_on_the_mode(rng):
+    """OAG stops after OAG_STEPS at most, AG after AG_STEPS, unless steps is given."""
+    from indeed_cli.adaptation import AG_STEPS, OAG_STEPS
+    ck = _ckpt()
+    cfg = AdaptConfig(eval_every=1, patience=100, max_change=1e9, train_stride=16)  # nothing stops early
+    ag = adapt(ck, _images(rng), cfg, tile=32)
+    oag = adapt_each(ck, [[x] for x in _images(rng)[:1]], cfg, tile=32)[0]
+    assert ag.checkpoint.training["adapted"]["steps"] == AG_STEPS and len(ag.history) == AG_STEPS + 1
+    assert oag.checkpoint.training["adapted"]["steps"] == OAG_STEPS and len(oag.history) == OAG_STEPS + 1
+    assert OAG_STEPS < AG_STEPS

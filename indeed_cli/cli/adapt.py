@@ -21,7 +21,8 @@ def adapt_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Output folder: <stem>.png and the decomposition files.")],
     mode: Annotated[str, typer.Option("--mode", help="ag: adapt once on all inputs; oag: adapt on each image alone.")] = "ag",
     modules: Annotated[str, typer.Option("--modules", help="Module(s) to fine-tune: S, L or LS.")] = "S",
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Most optimisation steps (early stopping may end sooner).")] = AdaptConfig.steps,
+    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Most optimisation steps, early stopping may "
+                                                 "end sooner (default 20 for ag, 12 for oag).")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Adam learning rate (default 1e-5 for ag, 3e-5 for oag).")] = None,
     patience: Annotated[int, typer.Option("--patience", min=1, help="Evaluations without improvement before stopping.")] = AdaptConfig.patience,
     max_change: Annotated[float, typer.Option("--max-change", help="Trust region: stop when L + S has moved this much (RMS, 8-bit units).")] = AdaptConfig.max_change,
