@@ -205,6 +205,12 @@ def test_evaluate_detect_against_masks(run_cli, tmp_path, rng, detector):
     assert [l["anomalous_gt"] for l in per_image] == [False, True, True]
     summary = [l for l in lines if l.get("summary")]
     assert summary[0]["group"] == "all" and 0 <= summary[0]["pixel_auroc"] <= 1
+    # the operating point of the stored threshold (0.01) agrees with the per-image decisions
+    assert [l["anomalous"] for l in per_image] == [l["score"] > 0.01 for l in per_image]
+    assert summary[0]["flagged_anomalous"] == [sum(l["anomalous"] for l in per_image[1:]), 2]
+    assert summary[0]["flagged_normal"] == [int(per_image[0]["anomalous"]), 1]
+    code, out, err = run_cli("evaluate", "--task", "detect", d, "-w", detector)
+    assert code == 0 and "flagged" in out and " of 2" in out
 
 
 def test_json_lines_are_strict_json(capsys):

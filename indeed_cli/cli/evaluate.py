@@ -29,19 +29,22 @@ def _pairs(noisy: list[Path], clean_dir: Path, pattern: str) -> list[tuple[Path,
 
 
 def _evaluate_detect(inputs: list[str], mask_suffix: str, models, opts, json_out: bool, recursive: bool) -> None:
-    """Pixel AUROC/AP and image AUROC of `indeed detect` over images whose masks lie beside them."""
+    """Pixel AUROC/AP and image AUROC of `indeed detect` over images whose masks lie beside them,
+    and the operating point of the checkpoint's stored threshold (anomalous and normal images flagged)."""
     from ..detection import detect, detection_metrics, load_mask
     paths = expand_inputs(inputs, recursive)
     # a mask file is not an input: drop X.png when X.<other> is also an input
     stems = {(p.parent, p.stem) for p in paths if p.suffix.lower() != mask_suffix}
     images = [p for p in paths if not (p.suffix.lower() == mask_suffix and (p.parent, p.stem) in stems)]
-    maps, masks, scores, labels, groups = [], [], [], [], []
+    maps, masks, scores, labels, groups, flagged = [], [], [], [], [], []
     for p in images:
         try:
             img = read_image(p)
         except ImageError as e:
             raise CLIError(str(e), 1) from None
-        det = detect(models.get(img.channels), img, opts)
+        ck = models.get(img.channels)
+        det = detect(ck, img, opts)
+        t = (ck.extra.get("detect") or {}).get("threshold")
         try:
             mask = load_mask(p, det.anomaly_map.shape, mask_suffix)
         except ValueError as e:
@@ -51,22 +54,31 @@ def _evaluate_detect(inputs: list[str], mask_suffix: str, models, opts, json_out
         scores.append(det.score)
         labels.append(bool(mask.any()))
         groups.append(p.parent.name)
+        flagged.append(None if t is None else bool(det.score > t))
         if json_out:
-            emit_json({"image": str(p), "score": round(det.score, 6), "anomalous_gt": bool(mask.any())})
+            emit_json({"image": str(p), "score": round(det.score, 6), "anomalous": flagged[-1],
+                       "anomalous_gt": bool(mask.any())})
     summary = []
     for g in ["all"] + sorted(set(groups)):
         sel = [i for i, x in enumerate(groups) if g == "all" or x == g]
         m = detection_metrics(maps, masks, scores, labels, sel)
-        summary.append({"summary": True, "group": g, "n": m.pop("n_images"), **m})
+        row = {"summary": True, "group": g, "n": m.pop("n_images"), **m}
+        if all(flagged[i] is not None for i in sel):  # at the stored threshold: how many flagged
+            for name, truth in (("anomalous", True), ("normal", False)):
+                members = [i for i in sel if labels[i] == truth]
+                row[f"flagged_{name}"] = [sum(flagged[i] for i in members), len(members)]
+        summary.append(row)
     if json_out:
         for r in summary:
             emit_json(r)
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table("group", "images", "pixel AUROC", "pixel AP", "image AUROC", title="indeed evaluate --task detect")
+    t = Table("group", "images", "pixel AUROC", "pixel AP", "image AUROC", "flagged anomalous", "flagged normal",
+              title="indeed evaluate --task detect (flagged: at the checkpoint's threshold)")
     for r in summary:
-        t.add_row(r["group"], str(r["n"]), *(f"{r[k]:.4f}" for k in ("pixel_auroc", "pixel_ap", "image_auroc")))
+        counts = [f"{r[k][0]} of {r[k][1]}" if r.get(k, [0, 0])[1] else "-" for k in ("flagged_anomalous", "flagged_normal")]
+        t.add_row(r["group"], str(r["n"]), *(f"{r[k]:.4f}" for k in ("pixel_auroc", "pixel_ap", "image_auroc")), *counts)
     Console().print(t)
 
 
