@@ -4,8 +4,9 @@ Map (docs/detect.md): a(x) = G_2 * mean_c |mu_S(x)|, the posterior-mean magnitud
 component averaged over channels and smoothed by a Gaussian of sigma 2 px; the image score is
 the mean of the largest 5% of a(x) ("top5"; chosen on half of the magnetic-tile development set,
 docs/detect.md).  Detectors calibrated before it keep their score, max_x (G_4 * a)(x) ("max_g4"),
-because their threshold was learned on it.  |mu_S| is used rather than P(s != 0) because sigma_S is driven very small
-by training (about 3e-3), which makes such a probability saturate at 0 or 1 and lose ranking.
+because their threshold was learned on it.  |mu_S| is used rather than P(s != 0) because sigma_S
+is driven very small by training (about 3e-3), which makes such a probability saturate at 0 or 1
+and lose ranking.
 The threshold is learned from held-out normal images: the 99th percentile of their scores;
 a pixel is marked when a(x) exceeds it, an image when its score does.
 
