@@ -97,6 +97,11 @@ def scaled_size(h: int, w: int, scale: float) -> tuple[int, int]:
     return max(8, round(h * scale)), max(8, round(w * scale))
 
 
+def stored_threshold(ckpt: Checkpoint) -> float | None:
+    """The threshold learned at calibration (``extra.detect.threshold``); None if never calibrated."""
+    return (ckpt.extra.get("detect") or {}).get("threshold")
+
+
 def readout_scales(ckpt: Checkpoint) -> tuple[float, ...]:
     """The scales a detector reads out at: those it was calibrated (or trained) with; 1 for older ones."""
     scales = (ckpt.extra.get("detect") or {}).get("scales") or ckpt.training.get("scales") or [1.0]

@@ -20,7 +20,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from . import posteriors as P
@@ -81,15 +80,15 @@ def load_images(paths: list[Path], channels: int) -> list[torch.Tensor]:
 def image_pyramid(images: list[torch.Tensor], scales: tuple[float, ...]) -> list[torch.Tensor]:
     """Each uint8 image at each scale (antialiased bilinear), so that a 128 crop of a downscaled
     copy shows a whole defect with the normal surface around it (detect --scales)."""
+    from .detection import resize, scaled_size  # the read-out's resampling, so both see the same sizes
     out = []
     for s in scales:
         for im in images:
             if s == 1:
                 out.append(im)
                 continue
-            size = (max(8, round(im.shape[1] * s)), max(8, round(im.shape[2] * s)))
-            small = F.interpolate(im[None].float(), size=size, mode="bilinear", align_corners=False, antialias=True)
-            out.append(small[0].round().clamp(0, 255).to(torch.uint8))
+            small = resize(im.numpy().astype(np.float32), scaled_size(*im.shape[1:], s))
+            out.append(torch.from_numpy(np.round(small).clip(0, 255).astype(np.uint8)))
     return out
 
 

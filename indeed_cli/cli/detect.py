@@ -8,7 +8,7 @@ import numpy as np
 import typer
 from PIL import Image
 
-from ..detection import detect, detect_tiles, readout_scales
+from ..detection import detect, detect_tiles, readout_scales, stored_threshold
 from ..imageio import ImageError, atomic_save, atomic_write_via, read_image
 from .common import (Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
                      Tile, Weights, CLIError, check_targets, parse_scales, require_folder, emit_json, expand_inputs, inference_options,
@@ -49,7 +49,7 @@ def detect_cmd(
         try:
             img = read_image(src)
             ck = models.get(img.channels)
-            t = threshold if threshold is not None else ck.extra.get("detect", {}).get("threshold")
+            t = threshold if threshold is not None else stored_threshold(ck)
             if t is None:
                 raise CLIError(f"{ck.source} stores no threshold; pass --threshold", 2)
             use = read_scales or readout_scales(ck)

@@ -31,7 +31,7 @@ def _pairs(noisy: list[Path], clean_dir: Path, pattern: str) -> list[tuple[Path,
 def _evaluate_detect(inputs: list[str], mask_suffix: str, models, opts, json_out: bool, recursive: bool) -> None:
     """Pixel AUROC/AP and image AUROC of `indeed detect` over images whose masks lie beside them,
     and the operating point of the checkpoint's stored threshold (anomalous and normal images flagged)."""
-    from ..detection import detect, detection_metrics, load_mask
+    from ..detection import detect, detection_metrics, load_mask, stored_threshold
     paths = expand_inputs(inputs, recursive)
     # a mask file is not an input: drop X.png when X.<other> is also an input
     stems = {(p.parent, p.stem) for p in paths if p.suffix.lower() != mask_suffix}
@@ -44,7 +44,7 @@ def _evaluate_detect(inputs: list[str], mask_suffix: str, models, opts, json_out
             raise CLIError(str(e), 1) from None
         ck = models.get(img.channels)
         det = detect(ck, img, opts)
-        t = (ck.extra.get("detect") or {}).get("threshold")
+        t = stored_threshold(ck)
         try:
             mask = load_mask(p, det.anomaly_map.shape, mask_suffix)
         except ValueError as e:
