@@ -193,6 +193,8 @@ def main() -> None:
     ap.add_argument("--patience", type=int, default=AdaptConfig.patience)
     ap.add_argument("--eval-every", type=int, default=AdaptConfig.eval_every)
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--infer-precision", default=None, help="inference precision (default: --precision)")
+    ap.add_argument("--adapt-batch", type=int, default=AdaptConfig.batch, help="tiles per adaptation step")
     ap.add_argument("--group", type=int, default=None,
                     help="oag: images adapted at once as one batched network (default 16 on a GPU, 1 on a CPU)")
     ap.add_argument("--train-stride", type=int, default=AdaptConfig.train_stride,
@@ -212,9 +214,10 @@ def main() -> None:
                  for n, y, x in data]
         ck = load_model(a.weights, 3, a.device)
         dev = str(next(ck.model.parameters()).device)
-        opts = InferenceOptions(precision=a.precision)
+        opts = InferenceOptions(precision=a.infer_precision or a.precision)
         acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change, patience=a.patience, precision=a.precision,
-                           eval_every=a.eval_every, group=a.group, train_stride=a.train_stride or None)
+                           eval_every=a.eval_every, group=a.group, train_stride=a.train_stride or None,
+                           batch=a.adapt_batch)
         if any(m not in ("ffdnet", "cbm3d") for m in methods):
             warm_up(ck, data, opts, acfg, dev)
         for m in methods:

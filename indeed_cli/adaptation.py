@@ -92,21 +92,38 @@ class AdaptResult:
 
 
 def adaptation_objective(model, params: dict | None, frozen: dict | None, Y: torch.Tensor, cfg: AdaptConfig,
-                         sample: bool):
+                         sample: bool, factors: tuple | None = None):
     """Eq. (active generalization loss) per sample and per element, and the output L + S.
 
     ``params`` None: the model runs with its own weights (one adaptation).  Otherwise
     ``params`` (the trainable weights) and ``frozen`` (the others) go to the network
     functionally, so that several copies of the weights can run at once under ``torch.vmap``.
+    ``factors``: the frozen low-rank module's outputs for ``Y`` (:func:`lowrank_factors`).
     """
     if params is None:
         with torch.autocast(Y.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-            d = model(Y, sample=sample)
+            d = model(Y, sample=sample, factors=factors)
     else:
-        d = functional_call(model, {**params, **frozen}, (Y,), {"sample": sample})
+        d = functional_call(model, {**params, **frozen}, (Y,), {"sample": sample, "factors": factors})
     d = d.float()
     obj = P.collapsed_objective(d, Y.float(), cfg.modules, model.cfg.priors, cfg.noise_precision == "image")
     return obj / float(Y[0].numel()), d.L_hat + d.mu_S
+
+
+def lowrank_factors(model, tiles: torch.Tensor, cfg: AdaptConfig, chunk: int = 256) -> tuple[torch.Tensor, ...]:
+    """(mu_A, sigma_A, mu_B, sigma_B) of every tile (leading dims kept), from the frozen low-rank
+    module, computed once: when only f_thetaS adapts they do not change between steps, and
+    recomputing them took about 14% of a forward pass (docs/adapt.md).  Same precision as the
+    adaptation's forward passes, so that the objective is the one without the cache."""
+    flat = tiles.reshape(-1, *tiles.shape[-3:])
+    with torch.no_grad(), torch.autocast(tiles.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+        parts = [model.lowrank(flat[i:i + chunk]) for i in range(0, len(flat), chunk)]
+    return tuple(torch.cat(p).reshape(*tiles.shape[:-3], *p[0].shape[1:]) for p in zip(*parts))
+
+
+def take(factors: tuple | None, fn) -> tuple | None:
+    """``fn`` applied to each cached factor tensor (None stays None)."""
+    return None if factors is None else tuple(fn(f) for f in factors)
 
 
 def as_model_channels(data: np.ndarray, channels: int) -> list[np.ndarray]:
@@ -236,25 +253,37 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
     """
     K = len(jobs)
     device = jobs[0]["pool"].device
+    cached = cfg.modules == "S"  # the frozen low-rank module's outputs are computed once
     if K == 1:  # the plain network: no functional_call or vmap overhead for a single adaptation
         work = copy.deepcopy(model)
         params = {n: work.get_parameter(n).requires_grad_(True) for n in names}
 
-        def run(p, Y, sample):
-            obj, X = adaptation_objective(work, None, None, Y[0], cfg, sample)
+        def run(p, Y, sample, F):
+            obj, X = adaptation_objective(work, None, None, Y[0], cfg, sample, take(F, lambda f: f[0]))
             return obj[None], X[None]
         view = {n: v.unsqueeze(0) for n, v in params.items()}  # (1, ...) views of the live weights
     else:
-        # fp32 even when bf16 is asked for: autocast does not reach convolutions with vmapped
-        # weights, and casting weights and input by hand cost 0.6 dB on PolyU100 (docs/adapt.md)
-        cfg = replace(cfg, precision="fp32")
+        # Autocast does not reach convolutions with vmapped weights.  bf16 is therefore done by
+        # hand where it is safe: f_thetaS alone, fp32 master weights cast to bf16 in each pass
+        # (their gradients flow back to fp32 Adam), the image and the objective kept in fp32
+        # (f_thetaS casts its input); the cached low-rank factors come from autocast, as in a
+        # single adaptation.  Rounding the image itself to bf16 had cost 0.6 dB on PolyU100
+        # (docs/adapt.md).  Otherwise fp32.
+        half = cfg.precision == "bf16" and cached
+        if not half:
+            cfg = replace(cfg, precision="fp32")
         base = dict(model.named_parameters())
         params = {n: base[n].detach().unsqueeze(0).repeat(K, *[1] * base[n].dim()).requires_grad_(True) for n in names}
-        vmapped = {s: vmap(lambda p, Y, s=s: adaptation_objective(model, p, frozen, Y, cfg, s), randomness="different")
-                   for s in (True, False)}
 
-        def run(p, Y, sample):
-            return vmapped[sample](p, Y)
+        def objective(p, Y, F, s):
+            if half:
+                p = {n: v.to(torch.bfloat16) for n, v in p.items()}
+            return adaptation_objective(model, p, frozen, Y, cfg, s, F)
+        vmapped = {s: vmap(lambda p, Y, F, s=s: objective(p, Y, F, s), in_dims=(0, 0, 0 if cached else None),
+                           randomness="different") for s in (True, False)}
+
+        def run(p, Y, sample, F):
+            return vmapped[sample](p, Y, F)
         view = params
     best_params = {n: v.detach().clone() for n, v in view.items()}
     opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
@@ -264,11 +293,13 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
     for k, j in enumerate(jobs):
         pools[k * size:k * size + len(j["pool"])] = j["pool"]
     b = jobs[0]["batch"]
+    pool_factors = lowrank_factors(model, pools, cfg) if cached else None
+    eval_factors = lowrank_factors(model, E, cfg) if cached else None
     alive = list(range(K))  # entries still adapting, in stack order
 
     def evaluate(X0=None):
         with torch.no_grad():
-            obj, X = run(params, E, False)
+            obj, X = run(params, E, False, eval_factors)
             loss, abs_N = obj.mean(1), (E - X).abs().flatten(1).mean(1)
             change = 255 * (X - X0).square().flatten(1).mean(1).sqrt() if X0 is not None else torch.zeros_like(loss)
             rows = torch.stack([loss, abs_N, change], 1).tolist()  # one host sync per evaluation
@@ -280,8 +311,9 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
     best_step, bad, stop = [0] * K, [0] * K, ["steps"] * K
     for step in range(1, cfg.steps + 1):
         idx = torch.stack([torch.randint(len(jobs[k]["pool"]), (b,), generator=jobs[k]["gen"]) for k in alive])
-        rows = (idx + torch.tensor(alive)[:, None] * size).flatten()
-        obj, _ = run(params, pools[rows.to(device)].view(len(alive), b, *pools.shape[1:]), cfg.sample)
+        rows = (idx + torch.tensor(alive)[:, None] * size).flatten().to(device)
+        obj, _ = run(params, pools[rows].view(len(alive), b, *pools.shape[1:]), cfg.sample,
+                     take(pool_factors, lambda f: f[rows].view(len(alive), b, *f.shape[1:])))
         opt.zero_grad(set_to_none=True)
         obj.mean(1).sum().backward()  # entries are independent: the sum gives each its own gradient
         opt.step()
@@ -326,5 +358,6 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
             for n, v in params.items():
                 opt.state[v] = state[n]
             view, E, X0 = params, E[sel], X0[sel]
+            eval_factors = take(eval_factors, lambda f: f[sel])
             alive = [alive[p] for p in keep]
     return [({n: v[k] for n, v in best_params.items()}, history[k], best_step[k], stop[k]) for k in range(K)]

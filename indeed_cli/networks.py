@@ -30,6 +30,12 @@ def positive(x: Tensor) -> Tensor:
     return F.softplus(x - 4.0) + SIGMA_FLOOR
 
 
+def standard_normal(like: Tensor) -> Tensor:
+    """N(0, 1) draws of ``like``'s shape in logical order: unlike ``randn_like``, the draws do not
+    depend on its memory layout (mu_A is a strided view when computed, contiguous when cached)."""
+    return torch.randn(like.shape, dtype=like.dtype, device=like.device)
+
+
 class ResBlock(nn.Module):
     """x + conv(act(norm(conv(x)))): the residual unit of both modules."""
 
@@ -118,7 +124,9 @@ class SparseModule(nn.Module):
             if L is None:
                 raise ValueError("this sparse module also needs the low-rank part A B^T")
             R = torch.cat([R, L], 1)
-        x = self.stem(F.pixel_unshuffle(R, 2))
+        # the input in the weights' precision: bf16 weights (grouped adaptation in bf16) get a bf16
+        # copy of the fp32 residual, as autocast would give them; a no-op otherwise
+        x = self.stem(F.pixel_unshuffle(R, 2).to(self.stem.weight.dtype))
         skips = []
         for enc, down in zip(self.enc, self.down):
             x = enc(x)
@@ -128,7 +136,7 @@ class SparseModule(nn.Module):
         for i in reversed(range(len(self.up))):
             x = self.dec[i](self.up[i](x) + skips[i])
         out = F.pixel_shuffle(self.head(x), 2)  # (N, 2C, h, w)
-        mu, raw = out.chunk(2, dim=1)
+        mu, raw = out.float().chunk(2, dim=1)  # sigma from fp32 whatever the network's precision
         return mu, positive(raw)
 
 
@@ -172,19 +180,22 @@ class InDeed(nn.Module):
             raise ValueError(f"modules must be one of {sorted(table)}, got {which!r}")
         return table[which]
 
-    def forward(self, Y: Tensor, sample: bool = False) -> Decomposition:
+    def forward(self, Y: Tensor, sample: bool = False,
+                factors: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Decomposition:
+        """``factors``: (mu_A, sigma_A, mu_B, sigma_B) of ``Y`` computed before by ``self.lowrank``;
+        adapting f_thetaS alone reuses them, since the frozen low-rank module gives the same ones."""
         m = self.cfg.multiple
         if Y.shape[-1] % m or Y.shape[-2] % m:
             raise ValueError(f"input height and width must be multiples of {m}, got {tuple(Y.shape[-2:])}")
         if Y.shape[1] != self.cfg.channels:
             raise ValueError(f"model expects {self.cfg.channels} channel(s), got {Y.shape[1]}")
-        mu_A, sigma_A, mu_B, sigma_B = self.lowrank(Y)
+        mu_A, sigma_A, mu_B, sigma_B = self.lowrank(Y) if factors is None else factors
         if sample:
-            A_hat = mu_A + sigma_A * torch.randn_like(mu_A)
-            B_hat = mu_B + sigma_B * torch.randn_like(mu_B)
+            A_hat = mu_A + sigma_A * standard_normal(mu_A)
+            B_hat = mu_B + sigma_B * standard_normal(mu_B)
         else:
             A_hat, B_hat = mu_A, mu_B
         L_hat = low_rank(A_hat, B_hat)
         mu_S, sigma_S = self.sparse(Y - L_hat, L_hat)
-        S_hat = mu_S + sigma_S * torch.randn_like(mu_S) if sample else mu_S
+        S_hat = mu_S + sigma_S * standard_normal(mu_S) if sample else mu_S
         return Decomposition(mu_A, sigma_A, mu_B, sigma_B, mu_S, sigma_S, A_hat, B_hat, L_hat, S_hat)

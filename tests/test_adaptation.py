@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from conftest import tiny_model, write_png
-from indeed_cli.adaptation import AdaptConfig, adapt, adapt_each
+from indeed_cli.adaptation import AdaptConfig, adapt, adapt_each, adaptation_objective, lowrank_factors
 from indeed_cli.checkpoint import Checkpoint
 
 
@@ -83,6 +83,23 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
     assert run_cli("adapt", d, "--mode", "xx", "-o", tmp_path / "o3")[0] == 2
 
 
+def test_adapt_denoised_only_writes_just_the_image(run_cli, tmp_path, rng, ckpt_paths):
+    """--denoised-only skips the decomposition files; the image equals the full run's <stem>.png."""
+    d = tmp_path / "ood"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    args = ("adapt", d, "--mode", "oag", "-w", ckpt_paths[3], "--steps", "2", "-q")
+    assert run_cli(*args, "-o", tmp_path / "full")[0] == 0
+    code, out, err = run_cli(*args, "-o", tmp_path / "only", "--denoised-only", "--json")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "only").iterdir()) == ["a.png"]
+    from PIL import Image
+    full, only = (np.asarray(Image.open(tmp_path / k / "a.png")) for k in ("full", "only"))
+    assert np.abs(full.astype(int) - only).max() <= 1  # same weights; decompose vs denoise rounding
+    import json
+    assert json.loads(out.splitlines()[0])["output"].endswith("a.png")
+
+
 def test_adapted_copy_runs_its_own_weights_when_forward_was_wrapped(rng):
     """`--compile` replaces model.forward on the instance; the adapted copy must not call the original."""
     ck = _ckpt()
@@ -156,13 +173,41 @@ def test_grouped_adaptations_match_separate_ones(rng):
     assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith("sparse."))
 
 
-def test_grouped_bf16_adaptation_runs(rng):
-    """Autocast does not reach vmapped convolutions; groups run in fp32 instead of failing."""
+def test_cached_lowrank_factors_give_the_same_objective(rng):
+    """Adapting f_thetaS reuses the frozen low-rank module's outputs, computed once per tile
+    (in batches of another size); the objective and L + S must be those of a full pass, also
+    with sampled A, B, S (the same draws whatever the factors' memory layout)."""
+    model = tiny_model(3).float().eval()
+    Y = torch.from_numpy(rng.random((5, 3, 32, 32)).astype(np.float32))
+    cfg = AdaptConfig(modules="S")
+    factors = lowrank_factors(model, Y, cfg, chunk=2)
+    assert [tuple(f.shape) for f in factors] == [(5, 3, 32, 4)] * 4  # (tiles, C, side, r) for A and B
+    for sample in (False, True):
+        torch.manual_seed(3)
+        direct = adaptation_objective(model, None, None, Y, cfg, sample)
+        torch.manual_seed(3)
+        cached = adaptation_objective(model, None, None, Y, cfg, sample, factors)
+        for a, b in zip(cached, direct):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_grouped_bf16_adaptation(rng):
+    """Autocast does not reach vmapped convolutions: a group adapting f_thetaS runs it in bf16 by
+    hand (fp32 master weights, image and objective); a group adapting L runs in fp32."""
     ck = _ckpt(3)
-    res = adapt_each(ck, [[x] for x in _images(rng, 3)], AdaptConfig(steps=2, eval_every=1, precision="bf16", group=2),
-                     tile=32)
-    assert all(np.isfinite(h["loss"]) for r in res for h in r.history)
-    assert all(p.dtype == torch.float32 for r in res for p in r.checkpoint.model.parameters())
+    imgs = _images(rng, 3)
+    cfg = AdaptConfig(steps=2, eval_every=1, group=2, sample=False)
+    runs = {(m, p): adapt_each(ck, [[x] for x in imgs], replace(cfg, modules=m, precision=p), tile=32)
+            for m in ("S", "L") for p in ("fp32", "bf16")}
+    for res in runs.values():
+        assert all(np.isfinite(h["loss"]) for r in res for h in r.history)
+        assert all(p.dtype == torch.float32 for r in res for p in r.checkpoint.model.parameters())
+
+    def start(m, p):
+        return [r.history[0]["loss"] for r in runs[m, p]]
+    assert start("S", "bf16") != start("S", "fp32")  # bf16 really ran ...
+    np.testing.assert_allclose(start("S", "bf16"), start("S", "fp32"), rtol=1e-2)  # ... on the fp32 image
+    assert start("L", "bf16") == start("L", "fp32")
 
 
 def test_training_tiles_at_a_stride_are_crops_of_the_image(rng):

@@ -10,7 +10,7 @@ import typer
 from ..adaptation import AdaptConfig, adapt, adapt_images, as_model_channels, default_group
 from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
-from ..inference import decompose
+from ..inference import decompose, denoise
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
                      Tile, Weights, CLIError, check_targets, require_folder, emit_json, expand_inputs, inference_options, report_failure, warn)
 from .decompose import outputs_for, write_decomposition
@@ -29,7 +29,9 @@ def adapt_cmd(
     noise_precision: Annotated[str, typer.Option("--noise-precision", help="image: one noise precision per image; pixel: the paper's pixel-wise Lambda.")] = "image",
     save_weights: Annotated[Optional[Path], typer.Option("--save-weights", help="ag: write the adapted checkpoint here.")] = None,
     group: Annotated[Optional[int], typer.Option("--group", min=1, help="oag: images adapted at once, each with its own "
-                                                 "weights (default 32 on a GPU, 1 on a CPU; groups run in fp32).")] = None,
+                                                 "weights (default 32 on a GPU, 1 on a CPU).")] = None,
+    denoised_only: Annotated[bool, typer.Option("--denoised-only", help="Write only <stem>.png, not the decomposition "
+                                                "files (writing those takes longer than OAG on a GPU).")] = False,
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
     quiet: Quiet = False, recursive: Recursive = False,
@@ -43,7 +45,8 @@ def adapt_cmd(
         raise CLIError("--save-weights goes with --mode ag (oag adapts a fresh copy per image)")
     paths = expand_inputs(inputs, recursive)
     require_folder(output, "--output")
-    plans = [{"denoised": output / f"{p.stem}.png", **outputs_for(output, p.stem, False)} for p in paths]
+    plans = [{"denoised": output / f"{p.stem}.png", **({} if denoised_only else outputs_for(output, p.stem, False))}
+             for p in paths]
     check_targets(paths, [f for plan in plans for f in plan.values()] + ([save_weights] if save_weights else []), force)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device)
@@ -82,16 +85,20 @@ def adapt_cmd(
             results, together = adapt_images([(models.get(img.channels), img.data) for (_, img), _ in items], cfg, tile)
         seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
         for i, (((src, img), files), res) in enumerate(zip(items, results)):
-            dec = decompose(res.checkpoint, img, opts)
-            write_image(files["denoised"], dec.maps["L"] + dec.maps["S"], like=img)
-            record = write_decomposition(src, img, dec, {k: v for k, v in files.items() if k != "denoised"}, False,
-                                         res.checkpoint.source, res.checkpoint.extra.get("ood"))
+            if denoised_only:
+                write_image(files["denoised"], denoise(res.checkpoint, img, opts), like=img)
+                record = {}
+            else:
+                dec = decompose(res.checkpoint, img, opts)
+                write_image(files["denoised"], dec.maps["L"] + dec.maps["S"], like=img)
+                record = write_decomposition(src, img, dec, {k: v for k, v in files.items() if k != "denoised"}, False,
+                                             res.checkpoint.source, res.checkpoint.extra.get("ood"))
             if json_out:
                 emit_json({"image": str(src), "output": str(files["denoised"]), "mode": mode, "modules": modules,
                            "best_step": res.best_step, "stop": res.stop,
                            "loss_start": res.history[0]["loss"], "loss_best": min(h["loss"] for h in res.history),
                            "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
                            "adapted_together": together[i] if mode == "oag" else None,
-                           **{k: record[k] for k in ("rank_index", "l_rank", "l_sparse", "l_fid")}})
+                           **{k: record[k] for k in ("rank_index", "l_rank", "l_sparse", "l_fid") if k in record}})
     if failed:
         raise typer.Exit(EXIT_FAILED)

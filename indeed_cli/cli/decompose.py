@@ -38,7 +38,8 @@ def write_decomposition(src: Path, img, dec, files: dict[str, Path], with_panel:
     views = viewable({**dec.maps, "N": arrays["N"] / img.scale})
     for k in PNG_MAPS:
         atomic_save(to_pil(views[k]), files[k])
-    atomic_write_via(files["npz"], lambda t: np.savez_compressed(t, **arrays))
+    # uncompressed: the float maps are noisy, zlib saved ~20% of the size for ~0.8 s per 512x512 image
+    atomic_write_via(files["npz"], lambda t: np.savez(t, **arrays))
     record = {"image": str(src), "height": img.size[0], "width": img.size[1], "channels": img.channels,
               "scale": img.scale, **dec.stats(), **ood_report(ood_features(dec), ood), "loss_units": "per pixel (per element of Y)",
               "weights": source, "outputs": {k: str(v) for k, v in files.items()}}
