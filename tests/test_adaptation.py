@@ -1,5 +1,6 @@
 """Active generalization: only the chosen module changes, and the best weights are kept."""
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -98,6 +99,25 @@ def test_adapt_denoised_only_writes_just_the_image(run_cli, tmp_path, rng, ckpt_
     assert np.abs(full.astype(int) - only).max() <= 1  # same weights; decompose vs denoise rounding
     import json
     assert json.loads(out.splitlines()[0])["output"].endswith("a.png")
+
+
+def test_adapt_skips_an_unreadable_image_and_keeps_the_others_names(run_cli, tmp_path, rng, ckpt_paths):
+    """A corrupt file between good ones: reported, exit 1, and every good image's output under
+    its own name (outputs were once assigned by position, so c's went to b.png)."""
+    d = tmp_path / "ood"
+    d.mkdir()
+    write_png(d / "a.png", np.full((30, 26, 3), 20, np.uint8))
+    (d / "b.png").write_bytes(b"not a png")
+    write_png(d / "c.png", np.full((30, 26, 3), 230, np.uint8))
+    code, out, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o", "-w", ckpt_paths[3], "--steps", "1",
+                             "--denoised-only", "--json", "-q")
+    assert code == 1 and "b.png" in err
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.png", "c.png"]
+    from PIL import Image
+    assert np.asarray(Image.open(tmp_path / "o" / "a.png")).mean() < np.asarray(Image.open(tmp_path / "o" / "c.png")).mean()
+    import json
+    lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert [Path(r["output"]).name for r in lines if "output" in r] == ["a.png", "c.png"]
 
 
 def test_adapted_copy_runs_its_own_weights_when_forward_was_wrapped(rng):

@@ -11,7 +11,7 @@ from ..adaptation import AdaptConfig, adapt, adapt_images, as_model_channels, de
 from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose, denoise
-from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
+from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, OrderedWriter, Overlap, Precision, Quiet, Recursive,
                      Tile, Weights, CLIError, check_targets, require_folder, emit_json, expand_inputs, inference_options, report_failure, warn)
 from .decompose import outputs_for, write_decomposition
 
@@ -76,29 +76,49 @@ def adapt_cmd(
         if save_weights:
             save_checkpoint(save_weights, shared.checkpoint.model, shared.checkpoint.training, shared.checkpoint.extra)
     chunk = 1 if shared else (group or default_group(models.device))
-    for c in range(0, len(loaded), chunk):
-        items = list(zip(loaded[c:c + chunk], plans[c:c + chunk]))
-        t0 = time.perf_counter()
-        if shared:
-            results, together = [shared], [len(loaded)]
-        else:  # oag: each image adapted alone with its own channel count's checkpoint, in batched runs
-            results, together = adapt_images([(models.get(img.channels), img.data) for (_, img), _ in items], cfg, tile)
-        seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
-        for i, (((src, img), files), res) in enumerate(zip(items, results)):
-            if denoised_only:
-                write_image(files["denoised"], denoise(res.checkpoint, img, opts), like=img)
-                record = {}
-            else:
-                dec = decompose(res.checkpoint, img, opts)
-                write_image(files["denoised"], dec.maps["L"] + dec.maps["S"], like=img)
-                record = write_decomposition(src, img, dec, {k: v for k, v in files.items() if k != "denoised"}, False,
-                                             res.checkpoint.source, res.checkpoint.extra.get("ood"))
-            if json_out:
-                emit_json({"image": str(src), "output": str(files["denoised"]), "mode": mode, "modules": modules,
-                           "best_step": res.best_step, "stop": res.stop,
-                           "loss_start": res.history[0]["loss"], "loss_best": min(h["loss"] for h in res.history),
-                           "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
-                           "adapted_together": together[i] if mode == "oag" else None,
-                           **{k: record[k] for k in ("rank_index", "l_rank", "l_sparse", "l_fid") if k in record}})
+    plan_of = dict(zip(paths, plans))
+    plans_loaded = [plan_of[p] for p, _ in loaded]  # images that failed to read have no place here
+
+    def write(src, img, files, res, out, dec) -> dict:
+        """The outputs of one image (on a writer thread); its decomposition json record."""
+        write_image(files["denoised"], out, like=img)
+        if dec is None:
+            return {}
+        return write_decomposition(src, img, dec, {k: v for k, v in files.items() if k != "denoised"}, False,
+                                   res.checkpoint.source, res.checkpoint.extra.get("ood"))
+
+    def done(record, error, src, res, seconds, together) -> None:
+        nonlocal failed
+        if error:
+            failed += 1
+            report_failure(src, error, json_out)
+        elif json_out:
+            emit_json({"image": str(src), "output": str(plan_of[src]["denoised"]), "mode": mode,
+                       "modules": modules, "best_step": res.best_step, "stop": res.stop,
+                       "loss_start": res.history[0]["loss"], "loss_best": min(h["loss"] for h in res.history),
+                       "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
+                       "adapted_together": together if mode == "oag" else None,
+                       **{k: record[k] for k in ("rank_index", "l_rank", "l_sparse", "l_fid") if k in record}})
+
+    with OrderedWriter() as writer:
+        for c in range(0, len(loaded), chunk):
+            items = list(zip(loaded[c:c + chunk], plans_loaded[c:c + chunk]))
+            t0 = time.perf_counter()
+            if shared:
+                results, together = [shared], [len(loaded)]
+            else:  # oag: each image adapted alone with its own channel count's checkpoint, in batched runs
+                results, together = adapt_images([(models.get(img.channels), img.data) for (_, img), _ in items], cfg,
+                                                 tile)
+            seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
+            for i, (((src, img), files), res) in enumerate(zip(items, results)):
+                if denoised_only:
+                    dec, out = None, denoise(res.checkpoint, img, opts)
+                    nbytes = out.nbytes
+                else:
+                    dec = decompose(res.checkpoint, img, opts)
+                    out = dec.maps["L"] + dec.maps["S"]
+                    nbytes = out.nbytes + sum(v.nbytes for v in dec.maps.values())
+                writer.submit(lambda a=(src, img, files, res, out, dec): write(*a),
+                              lambda r, e, a=(src, res, seconds, together[i]): done(r, e, *a), nbytes)
     if failed:
         raise typer.Exit(EXIT_FAILED)

@@ -4,12 +4,14 @@ from __future__ import annotations
 import glob
 import json
 import sys
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
-from ..imageio import is_image_path
+from ..imageio import ImageError, is_image_path
 
 # Exit codes (docs/cli.md)
 EXIT_OK = 0
@@ -147,6 +149,68 @@ def report_failure(src, error: Exception, json_out: bool) -> None:
     warn(f"error: {error}")
     if json_out:
         emit_json({"image": str(src), "error": str(error)})
+
+
+class OrderedWriter:
+    """Writes each image's outputs on a worker thread while the next image is computed, and hands
+    each result (or its ImageError) to the job's ``done`` on the main thread, in submission order,
+    so JSON lines, failure reports and counts keep the input order.
+
+    Why: on a GPU, encoding a 512x512 PNG (~50 ms) takes longer than denoising it (~8 ms);
+    PNG and zlib encoding release the GIL, so the writes overlap the computation.  Memory stays
+    bounded: jobs hold at most ``max_bytes`` of outputs together (a larger one waits for the
+    others and runs alone), so one huge image is never held twice.  Every file is still written
+    atomically; on an interrupt, waiting jobs are dropped and running ones finish.
+    """
+
+    def __init__(self, workers: int = 2, max_bytes: int = 256 << 20):
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="indeed-write") if workers > 0 else None
+        self.max_bytes = max_bytes
+        self.pending: deque[tuple[Future, Callable, int]] = deque()
+        self.held = 0
+
+    def submit(self, write: Callable[[], object], done: Callable[[object, ImageError | None], None],
+               nbytes: int = 0) -> None:
+        """Run ``write()`` (which may raise ImageError), then ``done(result, error)`` in order."""
+        while self.pending and (self.held + nbytes > self.max_bytes or self.pending[0][0].done()):
+            self._finish_oldest()
+        if self.pool is None or nbytes > self.max_bytes:
+            self._finish_all()
+            try:
+                done(write(), None)
+            except ImageError as e:
+                done(None, e)
+            return
+        self.pending.append((self.pool.submit(write), done, nbytes))
+        self.held += nbytes
+
+    def then(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` in order after the jobs submitted so far (e.g. a read failure's report)."""
+        self.submit(lambda: None, lambda *_: callback())
+
+    def _finish_oldest(self) -> None:
+        fut, done, nbytes = self.pending.popleft()
+        self.held -= nbytes
+        try:
+            result, error = fut.result(), None
+        except ImageError as e:
+            result, error = None, e
+        done(result, error)
+
+    def _finish_all(self) -> None:
+        while self.pending:
+            self._finish_oldest()
+
+    def __enter__(self) -> "OrderedWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self._finish_all()
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 class ModelCache:

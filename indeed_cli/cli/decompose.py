@@ -12,7 +12,7 @@ from ..imageio import ImageError, atomic_save, atomic_write_via, read_image, to_
 from ..inference import decompose, n_tiles
 from ..ood import ood_features, ood_report
 from ..visualize import panel, viewable
-from .common import (Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet,
+from .common import (Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, OrderedWriter, Overlap, Precision, Quiet,
                      Recursive, Tile, Weights, check_targets, require_folder, emit_json, expand_inputs,
                      inference_options, progress_bar, report_failure)
 
@@ -65,18 +65,27 @@ def decompose_cmd(
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device, compile=compile_net)
     failed = 0
-    for src, files in zip(paths, plans):
-        try:
-            img = read_image(src)
-            ckpt = models.get(img.channels)
-            with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
-                dec = decompose(ckpt, img, opts, progress=bar.update)
-            record = write_decomposition(src, img, dec, files, with_panel, ckpt.source, ckpt.extra.get("ood"))
-        except ImageError as e:
+
+    def done(record, error, src) -> None:
+        nonlocal failed
+        if error:
             failed += 1
-            report_failure(src, e, json_out)
-            continue
-        if json_out:
+            report_failure(src, error, json_out)
+        elif json_out:
             emit_json({k: v for k, v in record.items() if k != "rank_index_per_tile"})
+
+    with OrderedWriter() as writer:  # files written while the next image is decomposed
+        for src, files in zip(paths, plans):
+            try:
+                img = read_image(src)
+                ckpt = models.get(img.channels)
+                with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
+                    dec = decompose(ckpt, img, opts, progress=bar.update)
+            except ImageError as e:
+                writer.then(lambda src=src, e=e: done(None, e, src))
+                continue
+            writer.submit(lambda a=(src, img, dec, files, ckpt.source, ckpt.extra.get("ood")):
+                          write_decomposition(a[0], a[1], a[2], a[3], with_panel, a[4], a[5]),
+                          lambda r, e, src=src: done(r, e, src), sum(v.nbytes for v in dec.maps.values()))
     if failed:
         raise typer.Exit(EXIT_FAILED)

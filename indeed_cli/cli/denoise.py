@@ -12,8 +12,8 @@ from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose, denoise, n_tiles
 from ..ood import ood_features, ood_report
 from .common import (Compile, EXIT_FAILED, EXIT_WEIGHTS, Batch, CLIError, Device, Force, Json, ModelCache, Overlap,
-                     Precision, Quiet, Recursive, Tile, Weights, emit_json, expand_inputs, inference_options,
-                     plan_outputs, progress_bar, report_failure)
+                     OrderedWriter, Precision, Quiet, Recursive, Tile, Weights, emit_json, expand_inputs,
+                     inference_options, plan_outputs, progress_bar, report_failure)
 
 
 def denoise_cmd(
@@ -34,21 +34,24 @@ def denoise_cmd(
     need_stats = json_out or auto_adapt  # the OOD score needs the full decomposition
     failed = 0
     pending: list[dict] = []  # flagged images waiting for one batched OAG (docs/adapt.md)
+    writer = OrderedWriter()
+
+    def failure(src: Path, error: ImageError) -> None:
+        nonlocal failed
+        failed += 1
+        report_failure(src, error, json_out)
 
     def finish(item: dict, out, adapted=None) -> None:
-        nonlocal failed
-        try:
-            write_image(item["dst"], out, like=item["img"])
-        except ImageError as e:
-            failed += 1
-            report_failure(item["src"], e, json_out)
-            return
-        if json_out:
-            img = item["img"]
-            emit_json({"image": str(item["src"]), "output": str(item["dst"]), "height": img.size[0],
-                       "width": img.size[1], "channels": img.channels, "bit_depth": img.bit_depth,
-                       "seconds": round(item["seconds"], 3), "weights": item["ckpt"].source, **item["ood"],
-                       "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop}})
+        def done(_, error: ImageError | None) -> None:
+            if error:
+                failure(item["src"], error)
+            elif json_out:
+                img = item["img"]
+                emit_json({"image": str(item["src"]), "output": str(item["dst"]), "height": img.size[0],
+                           "width": img.size[1], "channels": img.channels, "bit_depth": img.bit_depth,
+                           "seconds": round(item["seconds"], 3), "weights": item["ckpt"].source, **item["ood"],
+                           "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop}})
+        writer.submit(lambda: write_image(item["dst"], out, like=item["img"]), done, out.nbytes)
 
     def adapt_pending() -> None:
         """OAG on the flagged images, those sharing a checkpoint adapted together."""
@@ -66,36 +69,36 @@ def denoise_cmd(
             finish(item, out, res)
         pending.clear()
 
-    for src, dst in zip(paths, targets):
-        try:
-            img = read_image(src)
-        except ImageError as e:
-            failed += 1
-            report_failure(src, e, json_out)
-            continue
-        ckpt = models.get(img.channels)
-        if auto_adapt and not ckpt.extra.get("ood"):
-            raise CLIError(f"--auto-adapt needs OOD statistics, and {ckpt.source} has none "
-                           "(add them with `indeed calibrate`)", EXIT_WEIGHTS)
-        t0 = time.perf_counter()
-        ood: dict = {}
-        with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
-            if need_stats:
-                dec = decompose(ckpt, img, opts, progress=bar.update)
-                stats = ckpt.extra.get("ood")
-                if stats and ood_threshold is not None:
-                    stats = {**stats, "threshold": ood_threshold}
-                ood = ood_report(ood_features(dec), stats)
-                out = dec.maps["L"] + dec.maps["S"]
+    with writer:
+        for src, dst in zip(paths, targets):
+            try:
+                img = read_image(src)
+            except ImageError as e:
+                writer.then(lambda src=src, e=e: failure(src, e))  # reported in input order
+                continue
+            ckpt = models.get(img.channels)
+            if auto_adapt and not ckpt.extra.get("ood"):
+                raise CLIError(f"--auto-adapt needs OOD statistics, and {ckpt.source} has none "
+                               "(add them with `indeed calibrate`)", EXIT_WEIGHTS)
+            t0 = time.perf_counter()
+            ood: dict = {}
+            with progress_bar(n_tiles(*img.size, opts), src.name, quiet) as bar:
+                if need_stats:
+                    dec = decompose(ckpt, img, opts, progress=bar.update)
+                    stats = ckpt.extra.get("ood")
+                    if stats and ood_threshold is not None:
+                        stats = {**stats, "threshold": ood_threshold}
+                    ood = ood_report(ood_features(dec), stats)
+                    out = dec.maps["L"] + dec.maps["S"]
+                else:
+                    out = denoise(ckpt, img, opts, progress=bar.update)
+            item = {"src": src, "dst": dst, "img": img, "ckpt": ckpt, "ood": ood, "seconds": time.perf_counter() - t0}
+            if auto_adapt and ood["ood"]:
+                pending.append(item)  # written once adapted, in groups on a GPU
+                if len(pending) >= default_group(models.device):
+                    adapt_pending()
             else:
-                out = denoise(ckpt, img, opts, progress=bar.update)
-        item = {"src": src, "dst": dst, "img": img, "ckpt": ckpt, "ood": ood, "seconds": time.perf_counter() - t0}
-        if auto_adapt and ood["ood"]:
-            pending.append(item)  # written once adapted, in groups on a GPU
-            if len(pending) >= default_group(models.device):
-                adapt_pending()
-        else:
-            finish(item, out)
-    adapt_pending()
+                finish(item, out)
+        adapt_pending()
     if failed:
         raise typer.Exit(EXIT_FAILED)
