@@ -228,6 +228,8 @@ def main() -> None:
             rows += new
         if a.ood_clean:
             rows += ood_rows(ck, data, a.ood_clean, a.ood_sigma, a.limit, opts)
+    seen: set = set()  # merged row files each carry the noisy-input rows: keep one per image
+    rows = [r for r in rows if not ((k := (r["method"], r.get("set"), r["image"])) in seen or seen.add(k))]
     if a.rows_out:
         a.rows_out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     render(rows)
