@@ -218,3 +218,29 @@ def test_json_lines_are_strict_json(capsys):
     emit_json({"image_auroc": float("nan"), "x": [1.0, float("inf")], "nested": {"y": float("-inf")}})
     assert json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-JSON {c}")) == \
         {"image_auroc": None, "x": [1.0, None], "nested": {"y": None}}
+
+
+def test_skip_existing_resumes_a_folder_run(run_cli, tmp_path, rng, ckpt_paths):
+    """--skip-existing leaves out inputs whose outputs all exist, redoes the others, refuses an
+    input with only part of its outputs (never overwrites silently), and contradicts --force."""
+    d = tmp_path / "in"
+    d.mkdir()
+    for n in ("a", "b", "c"):
+        write_png(d / f"{n}.png", rng.integers(0, 256, (24, 20, 3), dtype=np.uint8))
+    out = tmp_path / "out"
+    assert run_cli("denoise", d, "-o", out, "-w", ckpt_paths[3], "-q")[0] == 0
+    (out / "b.png").unlink()
+    os.utime(out / "a.png", (1, 1))  # a recomputed a.png would get a new time
+    code, stdout, err = run_cli("denoise", d, "-o", out, "-w", ckpt_paths[3], "-q", "--json", "--skip-existing")
+    assert code == 0, err
+    lines = [json.loads(x) for x in stdout.splitlines() if x.strip()]
+    assert sorted(r["image"].rsplit("/", 1)[-1] for r in lines if r.get("skipped")) == ["a.png", "c.png"]
+    assert [r["output"].rsplit("/", 1)[-1] for r in lines if "output" in r] == ["b.png"]
+    assert (out / "b.png").exists() and (out / "a.png").stat().st_mtime == 1
+    assert run_cli("denoise", d, "-o", out, "-w", ckpt_paths[3], "--skip-existing", "--force")[0] == 2
+
+    dec = tmp_path / "dec"
+    assert run_cli("decompose", d, "-o", dec, "-w", ckpt_paths[3], "-q")[0] == 0
+    (dec / "c_S.png").unlink()  # c has part of its outputs only
+    code, _, err = run_cli("decompose", d, "-o", dec, "-w", ckpt_paths[3], "-q", "--skip-existing")
+    assert code == 2 and "c_L.png" in err

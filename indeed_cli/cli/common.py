@@ -41,6 +41,8 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON line per imag
 Force = Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Look into sub-folders of folder inputs.")]
+SkipExisting = Annotated[bool, typer.Option("--skip-existing", help="Leave out inputs whose outputs all exist "
+                                            "(resumes an interrupted folder run); not with --force.")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the network (tens of seconds once; "
                                        "pays off on many images, docs/benchmarks.md).")]
 
@@ -74,16 +76,41 @@ def expand_inputs(inputs: list[str], recursive: bool = False) -> list[Path]:
     return unique
 
 
-def plan_outputs(inputs: list[Path], output: Path, suffix: str = ".png", force: bool = False) -> list[Path]:
+def plan_outputs(inputs: list[Path], output: Path, suffix: str = ".png", force: bool = False,
+                 skip_existing: bool = False) -> tuple[list[Path], list[Path], list[Path]]:
     """Where each input's result goes: ``output`` itself for one input with an image suffix,
     else ``output/<stem><suffix>``.  Refuses input overwrites, stem clashes and (without
-    --force) existing files, before any work is done."""
+    --force) existing files, before any work is done.  Returns the inputs to process, their
+    targets, and the inputs left out by ``skip_existing``."""
     as_file = len(inputs) == 1 and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir()
     if not as_file and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir():
         raise CLIError(f"{len(inputs)} inputs need an output folder, not the file name {output}")
     targets = [output] if as_file else [output / f"{p.stem}{suffix}" for p in inputs]
+    keep, skipped = skip_done(inputs, [[t] for t in targets], skip_existing, force)
+    inputs, targets = [inputs[i] for i in keep], [targets[i] for i in keep]
     check_targets(inputs, targets, force)
-    return targets
+    return inputs, targets, skipped
+
+
+def skip_done(inputs: list[Path], plans: list[list[Path]], skip_existing: bool, force: bool) -> tuple[list[int], list[Path]]:
+    """With --skip-existing: the indices of the inputs still to do, and those whose planned
+    outputs all exist (left out).  An input with only some of its outputs is not skipped, so
+    check_targets refuses it without --force: its files are never overwritten silently."""
+    if not skip_existing:
+        return list(range(len(inputs))), []
+    if force:
+        raise CLIError("--skip-existing and --force contradict each other; choose one")
+    done = [bool(files) and all(f.exists() for f in files) for files in plans]
+    return [i for i, d in enumerate(done) if not d], [p for p, d in zip(inputs, done) if d]
+
+
+def report_skipped(skipped: list[Path], json_out: bool, quiet: bool) -> None:
+    """One JSON line per skipped input (``"skipped": true``), or one line on stderr."""
+    if json_out:
+        for p in skipped:
+            emit_json({"image": str(p), "skipped": True})
+    elif skipped and not quiet:
+        warn(f"skipped {len(skipped)} input(s) whose outputs exist (--skip-existing)")
 
 
 def require_folder(path: Path, option: str) -> None:

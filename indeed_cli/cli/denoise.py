@@ -13,7 +13,7 @@ from ..inference import decompose, denoise, n_tiles
 from ..ood import ood_features, ood_report
 from .common import (Compile, EXIT_FAILED, EXIT_WEIGHTS, Batch, CLIError, Device, Force, Json, ModelCache, Overlap,
                      OrderedWriter, Precision, Quiet, Recursive, Tile, Weights, emit_json, expand_inputs,
-                     inference_options, plan_outputs, progress_bar, report_failure)
+                     inference_options, plan_outputs, progress_bar, report_failure, report_skipped, SkipExisting)
 
 
 def denoise_cmd(
@@ -25,10 +25,12 @@ def denoise_cmd(
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
     quiet: Quiet = False, recursive: Recursive = False, compile_net: Compile = False,
+    skip_existing: SkipExisting = False,
 ) -> None:
     """Denoise images with the InDeed posterior mean L + S (--json adds the OOD score)."""
     paths = expand_inputs(inputs, recursive)
-    targets = plan_outputs(paths, output, ".png", force)
+    paths, targets, skipped = plan_outputs(paths, output, ".png", force, skip_existing)
+    report_skipped(skipped, json_out, quiet)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device, compile=compile_net)
     need_stats = json_out or auto_adapt  # the OOD score needs the full decomposition

@@ -11,7 +11,7 @@ from PIL import Image
 from ..detection import detect, detect_tiles, readout_scales, stored_threshold
 from ..imageio import ImageError, atomic_save, atomic_write_via, read_image
 from .common import (OrderedWriter, Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
-                     Tile, Weights, CLIError, check_targets, parse_scales, require_folder, emit_json, expand_inputs, inference_options,
+                     Tile, Weights, CLIError, check_targets, skip_done, report_skipped, SkipExisting, parse_scales, require_folder, emit_json, expand_inputs, inference_options,
                      progress_bar, report_failure, warn)
 
 
@@ -34,6 +34,7 @@ def detect_cmd(
     weights: Weights = None, device: Device = "auto", tile: Tile = 128, overlap: Overlap = 32,
     batch: Batch = None, precision: Precision = "fp32", json_out: Json = False, force: Force = False,
     quiet: Quiet = False, recursive: Recursive = False, compile_net: Compile = False,
+    skip_existing: SkipExisting = False,
 ) -> None:
     """Detect anomalies (defects) pixel by pixel; one JSON line per image with --json."""
     read_scales = parse_scales(scales) if scales else None
@@ -41,7 +42,10 @@ def detect_cmd(
     require_folder(maps, "--maps")
     plans = [{"anomaly": maps / f"{p.stem}_anomaly.png", "overlay": maps / f"{p.stem}_overlay.png",
               "mask": maps / f"{p.stem}_mask.png", "npz": maps / f"{p.stem}.npz"} for p in paths]
+    keep, skipped = skip_done(paths, [list(plan.values()) for plan in plans], skip_existing, force)
+    paths, plans = [paths[i] for i in keep], [plans[i] for i in keep]
     check_targets(paths, [f for plan in plans for f in plan.values()], force)
+    report_skipped(skipped, json_out, quiet)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device, task="detect", compile=compile_net)
     failed = flagged = 0
