@@ -50,6 +50,7 @@ class TrainConfig:
     time_budget: float = 0.0  # total training seconds over all resumed calls; 0 = schedule by steps
     losses: LossWeights = field(default_factory=LossWeights)
     init: str = ""  # checkpoint whose weights start a new run (fine-tuning); ignored when resuming
+    deterministic: bool = False  # deterministic kernels, no cuDNN autotuning (docs/training.md)
 
 
 # ------------------------------------------------------------------ data
@@ -290,7 +291,36 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
     """Train (or resume) and export ``out_dir/model.safetensors``; returns the last log record.
 
     ``make_batch(sampler, n, tc, gen) -> (Y, targets)`` makes each batch; default: AWGN denoising.
+    The backend settings (TF32, cuDNN autotuning, deterministic kernels) are restored afterwards.
     """
+    if tc.deterministic and tc.time_budget:
+        raise ValueError("a deterministic run needs a step-based schedule: a time budget makes the "
+                         "learning rate depend on wall-clock time")
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    # cuDNN autotuning picks the fastest kernels per shape, which may differ from run to run;
+    # deterministic mode also asks PyTorch for deterministic kernels (a warning names any op
+    # that has none) and cuBLAS for a fixed workspace
+    torch.backends.cudnn.benchmark = not tc.deterministic
+    torch.backends.cudnn.deterministic = tc.deterministic
+    if tc.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _train(model_cfg, tc, train_images, out_dir, val_images, device, facts, make_batch, progress, log)
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+         torch.backends.cudnn.deterministic) = saved[:4]
+        torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
+
+
+def _train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tensor], out_dir: Path,
+           val_images: list[torch.Tensor] | None, device: str, facts: dict | None, make_batch: Callable | None,
+           progress: bool, log: Callable[[str], None]) -> dict:
+    """The training loop of :func:`train`, under its backend settings."""
     dist = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank = int(os.environ.get("RANK", "0"))
     if dist:
@@ -303,9 +333,6 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
     else:
         dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                            ("cpu" if device == "auto" else device))
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cudnn.benchmark = True
     out_dir = Path(out_dir)
     torch.manual_seed(tc.seed + rank)
     model = InDeed(model_cfg).to(dev)
@@ -398,7 +425,7 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
         training_facts = {**(facts or {}), "steps": step, "init": tc.init or None, "train_seconds": round(elapsed0 + time.time() - t0),
                           "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "batch": tc.batch, "patch": tc.patch,
                           "sigma_max": tc.sigma_max, "clip_prob": tc.clip_prob, "lr": tc.lr,
-                          "losses": asdict(tc.losses), "validation": final}
+                          "losses": asdict(tc.losses), "deterministic": tc.deterministic, "validation": final}
         save_checkpoint(out_dir / "model.safetensors", model, training_facts)
     if dist:
         import torch.distributed as tdist

@@ -203,3 +203,40 @@ def test_ddp_ranks_agree_on_stopping_and_skipping(tmp_path, rng, case):
     steps = dict(result.get(timeout=5) for _ in procs)
     assert steps[0] == steps[1]
     assert steps[0] < 40 if case == "time" else steps[0] == 3
+
+
+def test_deterministic_mode_is_on_during_training_only_and_repeats_runs(tmp_path, rng):
+    """--deterministic: PyTorch's deterministic kernels and no cuDNN autotuning while training,
+    the caller's settings back afterwards, the same weights from the same command, recorded in
+    the checkpoint; a time-based schedule is refused."""
+    from safetensors.torch import load_file
+    from indeed_cli.checkpoint import read_metadata
+    from indeed_cli.training import _denoise_batch
+    ims = [torch.from_numpy(rng.integers(0, 256, (3, 40, 40), dtype=np.uint8)) for _ in range(3)]
+    seen = []
+
+    def batch(sampler, n, tc, gen):  # the default batches, noting the backend settings in force
+        seen.append((torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark))
+        return _denoise_batch(sampler, n, tc, gen)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    weights = []
+    for run in ("a", "b"):
+        tc = TrainConfig(steps=3, batch=2, patch=32, log_every=100, save_every=100, deterministic=True)
+        train(tiny_config(3), tc, ims, tmp_path / run, None, device="cpu", progress=False, log=lambda m: None,
+              make_batch=batch)
+        weights.append(load_file(str(tmp_path / run / "model.safetensors")))
+    assert seen == [(True, False)] * 6
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark) == before
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert read_metadata(tmp_path / "a" / "model.safetensors")["training"]["deterministic"] is True
+    with pytest.raises(ValueError, match="step-based"):
+        train(tiny_config(3), TrainConfig(steps=3, deterministic=True, time_budget=10), ims, tmp_path / "c",
+              device="cpu", progress=False, log=lambda m: None)
+
+
+def test_train_cli_refuses_deterministic_with_a_time_budget(tmp_path, rng, run_cli):
+    d = tmp_path / "data"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    code, _, err = run_cli("train", "--data", d, "--out", tmp_path / "run", "--deterministic", "--time-budget", "10")
+    assert code == 2 and "step-based" in err and not (tmp_path / "run").exists()

@@ -45,6 +45,9 @@ def train_cmd(
     time_limit: Annotated[float, typer.Option("--time-limit", help="Stop cleanly after this many seconds (0 = none).")] = 0,
     time_budget: Annotated[float, typer.Option("--time-budget", help="Total training seconds across resumes; the LR schedule follows it.")] = 0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    deterministic: Annotated[bool, typer.Option("--deterministic", help="Reproducible runs: deterministic kernels and "
+                                                "no cuDNN autotuning (slower on a GPU); needs a step-based schedule "
+                                                "(no --time-budget).")] = False,
     device: Annotated[str, typer.Option("--device")] = "auto",
     init: Annotated[Optional[str], typer.Option("--init", help="Start from this checkpoint's weights (fine-tuning; "
                                                 "its model config is used). A bundled name, path or hf:// reference.")] = None,
@@ -64,6 +67,9 @@ def train_cmd(
     pyramid = parse_scales(scales or ("1,0.5,0.25" if task == "detect" else "1"))
     if task != "detect" and pyramid != (1.0,):
         raise CLIError("--scales is for --task detect", 2)
+    if deterministic and time_budget:
+        raise CLIError("--deterministic needs a step-based schedule: --time-budget makes the learning rate "
+                       "depend on wall-clock time (use --steps; --time-limit may still end a call)")
     if sigma_max is None:
         sigma_max = 75.0 if task == "denoise" else 5.0
     try:
@@ -96,7 +102,8 @@ def train_cmd(
                            f"{channels}-channel {task} one", 3)
     tc = TrainConfig(task=task, steps=steps, batch=batch, patch=patch, lr=lr, sigma_max=sigma_max, clip_prob=clip_prob,
                      seed=seed, time_limit=time_limit, time_budget=time_budget, log_every=log_every, val_every=val_every,
-                     losses=LossWeights(sigma0=sigma0, bayesian=not no_bayes), init=init_path)
+                     losses=LossWeights(sigma0=sigma0, bayesian=not no_bayes), init=init_path,
+                     deterministic=deterministic)
     typer.echo(f"training on {len(paths)} images, validating on {len(val_paths)}", err=True)
     facts = {"task": task, "data": [str(d) for d in data], "n_train": len(paths), "n_val": len(val_paths)}
     make_batch = None
