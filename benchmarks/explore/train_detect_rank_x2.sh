@@ -15,4 +15,4 @@ run() { gpu=$1; name=$2; shift 2; ( export CUDA_VISIBLE_DEVICES=$gpu
 run 0 r8  --rank 8
 run 1 r16 --rank 16
 wait
-tail -3 runs/r8.err runs/r16.err > $O/train_tail.txt
+tail -n 3 runs/r8.err runs/r16.err > $O/train_tail.txt
