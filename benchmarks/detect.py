@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mt_split import split  # noqa: E402
 from indeed_cli.checkpoint import load_checkpoint  # noqa: E402
+from indeed_cli.cli.common import parse_scales  # noqa: E402
 from indeed_cli.detection import (DEFAULT_SCORE, SCORE_DEFINITIONS, anomaly_map_from_sparse, detect,  # noqa: E402
                                   detection_metrics, image_score, load_mask, readout_scales)
 from indeed_cli.imageio import read_image  # noqa: E402
@@ -87,7 +88,7 @@ def main() -> None:
     if a.nobayes:
         named["nobayes"] = a.nobayes
     models = {m: load_checkpoint(named[m], dev) for m in methods if m != "rpca"}
-    scales = tuple(float(v) for v in a.scales.split(",")) if a.scales else None
+    scales = parse_scales(a.scales) if a.scales else None  # the CLI's rule: distinct, in (0, 1]
     for m, ck in models.items():
         print(f"{m}: {ck.source}, scales {scales or readout_scales(ck)}", file=sys.stderr)
     results = {}

@@ -52,6 +52,12 @@ class TrainConfig:
     init: str = ""  # checkpoint whose weights start a new run (fine-tuning); ignored when resuming
     deterministic: bool = False  # deterministic kernels, no cuDNN autotuning (docs/training.md)
 
+    def check(self) -> None:
+        """Settings that cannot go together (raised before any data is loaded or trained on)."""
+        if self.deterministic and self.time_budget:
+            raise ValueError("a deterministic run needs a step-based schedule: --time-budget makes the learning "
+                             "rate depend on wall-clock time (use --steps; --time-limit may still end a call)")
+
 
 # ------------------------------------------------------------------ data
 def list_images(spec: str | Path) -> list[Path]:
@@ -293,9 +299,7 @@ def train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Tens
     ``make_batch(sampler, n, tc, gen) -> (Y, targets)`` makes each batch; default: AWGN denoising.
     The backend settings (TF32, cuDNN autotuning, deterministic kernels) are restored afterwards.
     """
-    if tc.deterministic and tc.time_budget:
-        raise ValueError("a deterministic run needs a step-based schedule: a time budget makes the "
-                         "learning rate depend on wall-clock time")
+    tc.check()
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
              torch.backends.cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
              torch.is_deterministic_algorithms_warn_only_enabled())

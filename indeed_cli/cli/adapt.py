@@ -87,13 +87,13 @@ def adapt_cmd(
         return write_decomposition(src, img, dec, {k: v for k, v in files.items() if k != "denoised"}, False,
                                    res.checkpoint.source, res.checkpoint.extra.get("ood"))
 
-    def done(record, error, src, res, seconds, together) -> None:
+    def done(record, error, src, files, res, seconds, together) -> None:
         nonlocal failed
         if error:
             failed += 1
             report_failure(src, error, json_out)
         elif json_out:
-            emit_json({"image": str(src), "output": str(plan_of[src]["denoised"]), "mode": mode,
+            emit_json({"image": str(src), "output": str(files["denoised"]), "mode": mode,
                        "modules": modules, "best_step": res.best_step, "stop": res.stop,
                        "loss_start": res.history[0]["loss"], "loss_best": min(h["loss"] for h in res.history),
                        "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
@@ -119,6 +119,6 @@ def adapt_cmd(
                     out = dec.maps["L"] + dec.maps["S"]
                     nbytes = out.nbytes + sum(v.nbytes for v in dec.maps.values())
                 writer.submit(lambda a=(src, img, files, res, out, dec): write(*a),
-                              lambda r, e, a=(src, res, seconds, together[i]): done(r, e, *a), nbytes)
+                              lambda r, e, a=(src, files, res, seconds, together[i]): done(r, e, *a), nbytes)
     if failed:
         raise typer.Exit(EXIT_FAILED)

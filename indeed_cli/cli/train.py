@@ -67,9 +67,10 @@ def train_cmd(
     pyramid = parse_scales(scales or ("1,0.5,0.25" if task == "detect" else "1"))
     if task != "detect" and pyramid != (1.0,):
         raise CLIError("--scales is for --task detect", 2)
-    if deterministic and time_budget:
-        raise CLIError("--deterministic needs a step-based schedule: --time-budget makes the learning rate "
-                       "depend on wall-clock time (use --steps; --time-limit may still end a call)")
+    try:  # option conflicts (TrainConfig.check) before any data is listed or loaded
+        TrainConfig(time_budget=time_budget, deterministic=deterministic).check()
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     if sigma_max is None:
         sigma_max = 75.0 if task == "denoise" else 5.0
     try:
