@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Is FFDNet's edge over the gray model on Set12/BSD68 its knowledge of the true sigma?
 
-    python benchmarks/explore/ffdnet_blind.py [--sets Set12,BSD68] [--sigmas 15,25]    # this CPU
+    python benchmarks/explore/ffdnet_blind.py [--sets Set12,BSD68] [--sigmas 15,25] [--per-image]   # this CPU
 
 Float AWGN with the benchmark's per-image seeds (indeed_cli.metrics); prints mean PSNR of the
 bundled gray model (blind), FFDNet given the true sigma (as benchmarks/denoise.py runs it) and
@@ -26,6 +26,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--data", default="../shared/data/denoise-test")
 ap.add_argument("--sets", default="Set12,BSD68")
 ap.add_argument("--sigmas", default="15,25")
+ap.add_argument("--per-image", action="store_true", help="also one line per image: PSNR of InDeed and FFDNet (true σ)")
 a = ap.parse_args()
 gray = load_model("gray", 1, "cpu")
 ffd = ffdnet_method(1, "cpu")
@@ -43,6 +44,9 @@ for name in a.sets.split(","):
             r["true"].append(psnr(ffd(y, s), x))
             r["est"].append(psnr(ffd(y, e), x))
             r["sig"].append(e)
+            if a.per_image:
+                print(f"  {name} σ{s:g} {p.name}: indeed {r['indeed'][-1]:.2f}, FFDNet {r['true'][-1]:.2f}, "
+                      f"difference {r['indeed'][-1] - r['true'][-1]:+.2f}", flush=True)
         print(f"| {name} | {s:g} | {len(files)} | {np.mean(r['indeed']):.2f} | {np.mean(r['true']):.2f} | "
               f"{np.mean(r['est']):.2f} | {np.mean(r['sig']):.2f} |", flush=True)
 print("\nCommand: python " + " ".join(sys.argv))
