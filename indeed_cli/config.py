@@ -61,12 +61,6 @@ class ModelConfig:
     # what f_thetaS sees: "residual" = Y - A B^T (the paper); "residual+lowrank" = also A B^T
     # as extra input channels (a deviation measured in docs/model.md)
     sparse_input: str = "residual"
-    # extra residual blocks at f_thetaS's finest scale (encoder and decoder each): depth where
-    # fine, periodic texture is still resolved (docs/model.md)
-    sparse_top_blocks: int = 0
-    # f_thetaS also gets the image's noise level (one constant input channel), estimated from the
-    # whole image or given by the user, as FFDNet takes sigma (a deviation, docs/model.md)
-    noise_level_input: bool = False
     groups: int = 8
     priors: Priors = field(default_factory=Priors)
 
@@ -74,14 +68,6 @@ class ModelConfig:
     def multiple(self) -> int:
         """Spatial sizes the network accepts must be multiples of this."""
         return 2 ** self.sparse_levels
-
-    def grows_from(self, other: "ModelConfig") -> bool:
-        """Whether a network of this config can start from ``other``'s weights: the same network
-        with more top-scale blocks and/or a noise-level input (``networks.grow_into``)."""
-        same = dataclasses.replace(other, sparse_top_blocks=self.sparse_top_blocks,
-                                   noise_level_input=self.noise_level_input)
-        return (same == self and self.sparse_top_blocks >= other.sparse_top_blocks
-                and self.noise_level_input >= other.noise_level_input)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -108,7 +94,5 @@ class ModelConfig:
             raise ValueError(f"sparse_input must be one of {SPARSE_INPUTS}, got {self.sparse_input!r}")
         if self.rank < 1:
             raise ValueError("rank must be positive")
-        if self.sparse_top_blocks < 0:
-            raise ValueError("sparse_top_blocks must be >= 0")
         if self.lowrank_width % self.groups or self.sparse_width % self.groups:
             raise ValueError("widths must be multiples of groups")

@@ -50,9 +50,6 @@ class InferenceOptions:
     overlap: int = 32
     batch: int | None = None  # default: 8 on CPU, 256 on GPU (docs/benchmarks.md)
     precision: str = "fp32"  # fp32 or bf16 (autocast)
-    # noise standard deviation in pixel scale [0, 1] for models with a noise-level input;
-    # None: estimated once from the whole image (networks.estimate_noise_level)
-    noise_level: float | None = None
 
     def batch_for(self, device: torch.device) -> int:
         return self.batch or (256 if device.type == "cuda" else 8)
@@ -109,15 +106,14 @@ def _channel_adapter(model_c: int, image_c: int):
     raise ValueError(f"cannot run a {model_c}-channel model on a {image_c}-channel image")
 
 
-def _tile_decompose(ckpt: Checkpoint, image_c: int, outputs: str, noise_level: float | None = None) -> Callable:
-    """Per-tile function; ``outputs`` is "denoise" (L + S), "sparse" (mu_S) or "full" (all maps).
-    ``noise_level``: the same for every tile (models with a noise-level input)."""
+def _tile_decompose(ckpt: Checkpoint, image_c: int, outputs: str) -> Callable:
+    """Per-tile function; ``outputs`` is "denoise" (L + S), "sparse" (mu_S) or "full" (all maps)."""
     model, priors = ckpt.model, ckpt.config.priors
     to_model, from_model = _channel_adapter(ckpt.config.channels, image_c)
 
     def fn(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
         Y = to_model(tiles)
-        d = model(Y, sample=False, noise_level=noise_level).float()
+        d = model(Y, sample=False).float()
         if outputs == "sparse":
             return {"S": from_model(d.mu_S)}
         X = d.L_hat + d.mu_S
@@ -163,21 +159,10 @@ def _run(ckpt: Checkpoint, data: np.ndarray, outputs: str, opts: InferenceOption
     device = next(ckpt.model.parameters()).device
     if opts.tile % ckpt.config.multiple:
         raise ValueError(f"--tile must be a multiple of {ckpt.config.multiple}")
-    fn = _tile_decompose(ckpt, data.shape[0], outputs, image_noise_level(ckpt, data, opts))
+    fn = _tile_decompose(ckpt, data.shape[0], outputs)
     with torch.inference_mode(), _autocast(device, opts.precision):
         return tiled_apply(fn, torch.from_numpy(data), opts.tile, opts.overlap, opts.batch_for(device),
                            device=device, progress=progress)
-
-
-def image_noise_level(ckpt: Checkpoint, data: np.ndarray, opts: InferenceOptions) -> float | None:
-    """The noise level given to every tile of a model with a noise-level input: the user's, or
-    one estimate from the whole image, so that tiles agree and textured tiles do not inflate it."""
-    if not ckpt.config.noise_level_input:
-        return None
-    if opts.noise_level is not None:
-        return float(opts.noise_level)
-    from .networks import estimate_noise_level
-    return float(estimate_noise_level(torch.from_numpy(np.ascontiguousarray(data))[None])[0])
 
 
 def n_tiles(h: int, w: int, opts: InferenceOptions) -> int:

@@ -23,8 +23,6 @@ from .config import ModelConfig
 from .posteriors import low_rank
 
 SIGMA_FLOOR = 1e-4
-NOISE_LEVEL_SCALE = 255.0 / 50.0  # the noise-level input channel reads 1 at sigma = 50/255
-MAD_TO_SIGMA = 0.6745  # median |x| of N(0, 1)
 
 
 def positive(x: Tensor) -> Tensor:
@@ -100,27 +98,10 @@ class LowRankModule(nn.Module):
         return mu_A, sigma_A, mu_B, sigma_B
 
 
-def estimate_noise_level(Y: Tensor, max_blocks: int = 1 << 22) -> Tensor:
-    """Noise standard deviation of each image of ``Y`` (N, C, h, w), shape (N,): the median
-    absolute finest-scale diagonal Haar coefficient over 0.6745 (Donoho's MAD estimator;
-    texture biases it upwards, so a whole image gives a better estimate than a tile).
-    Images of more than ``max_blocks`` 2x2 blocks use an evenly strided subset of them,
-    which bounds the memory of a 24 MP image."""
-    h, w = Y.shape[-2] // 2 * 2, Y.shape[-1] // 2 * 2
-    k = max(1, int((h * w / 4 / max_blocks) ** 0.5 + 0.999))
-    rows = torch.arange(0, h, 2 * k, device=Y.device)
-    cols = torch.arange(0, w, 2 * k, device=Y.device)
-    a, b = Y[..., rows, :][..., cols], Y[..., rows, :][..., cols + 1]
-    c, d = Y[..., rows + 1, :][..., cols], Y[..., rows + 1, :][..., cols + 1]
-    hh = ((a - b - c + d) / 2).float().abs().flatten(1)
-    return hh.median(dim=1).values / MAD_TO_SIGMA
-
-
 class SparseModule(nn.Module):
     """f_thetaS: (Y - A B^T) -> mu_S, sigma_S, a U-Net at 1/2, 1/4, 1/8 resolution.
 
-    With ``sparse_input="residual+lowrank"`` it also sees A B^T (extra input channels); with
-    ``noise_level_input`` one more constant channel holds the image's noise level.
+    With ``sparse_input="residual+lowrank"`` it also sees A B^T (extra input channels).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -128,34 +109,24 @@ class SparseModule(nn.Module):
         C, w, nb, lv = cfg.channels, cfg.sparse_width, cfg.sparse_blocks, cfg.sparse_levels
         widths = [w * 2 ** i for i in range(lv)]
         self.sees_lowrank = cfg.sparse_input == "residual+lowrank"
-        self.sees_noise_level = cfg.noise_level_input
-        n_in = 4 * C * (2 if self.sees_lowrank else 1) + (1 if self.sees_noise_level else 0)
-        self.stem = nn.Conv2d(n_in, widths[0], 3, padding=1)
-        blocks = [nb + (cfg.sparse_top_blocks if i == 0 else 0) for i in range(lv - 1)]
-        self.enc = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(n)]) for c, n in zip(widths, blocks))
+        self.stem = nn.Conv2d(4 * C * (2 if self.sees_lowrank else 1), widths[0], 3, padding=1)
+        self.enc = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(nb)]) for c in widths[:-1])
         self.down = nn.ModuleList(nn.Conv2d(widths[i], widths[i + 1], 2, stride=2) for i in range(lv - 1))
         self.mid = nn.Sequential(*[ResBlock(widths[-1]) for _ in range(nb)])
         self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in range(lv - 1))
-        self.dec = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(n)]) for c, n in zip(widths, blocks))
+        self.dec = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(nb)]) for c in widths[:-1])
         self.head = nn.Conv2d(widths[0], 2 * 4 * C, 3, padding=1)
         with torch.no_grad():  # S starts near zero: the residual is mostly noise at first
             self.head.weight.mul_(0.1)
 
-    def forward(self, R: Tensor, L: Tensor | None = None, noise_level: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``noise_level``: (N,) noise standard deviations, pixel scale [0, 1] (noise-level input only)."""
+    def forward(self, R: Tensor, L: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if self.sees_lowrank:
             if L is None:
                 raise ValueError("this sparse module also needs the low-rank part A B^T")
             R = torch.cat([R, L], 1)
-        x = F.pixel_unshuffle(R, 2)
-        if self.sees_noise_level:
-            if noise_level is None:
-                raise ValueError("this sparse module also needs the noise level")
-            level = (noise_level.float() * NOISE_LEVEL_SCALE).to(x.dtype).reshape(-1, 1, 1, 1)
-            x = torch.cat([x, level.expand(x.shape[0], 1, *x.shape[2:])], 1)
         # the input in the weights' precision: bf16 weights (grouped adaptation in bf16) get a bf16
         # copy of the fp32 residual, as autocast would give them; a no-op otherwise
-        x = self.stem(x.to(self.stem.weight.dtype))
+        x = self.stem(F.pixel_unshuffle(R, 2).to(self.stem.weight.dtype))
         skips = []
         for enc, down in zip(self.enc, self.down):
             x = enc(x)
@@ -210,13 +181,9 @@ class InDeed(nn.Module):
         return table[which]
 
     def forward(self, Y: Tensor, sample: bool = False,
-                factors: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
-                noise_level: Tensor | float | None = None) -> Decomposition:
+                factors: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Decomposition:
         """``factors``: (mu_A, sigma_A, mu_B, sigma_B) of ``Y`` computed before by ``self.lowrank``;
-        adapting f_thetaS alone reuses them, since the frozen low-rank module gives the same ones.
-        ``noise_level`` (models with a noise-level input): the noise standard deviation in pixel
-        scale, one number or one per image; None estimates it from each input
-        (:func:`estimate_noise_level`; the tiler passes the whole image's estimate instead)."""
+        adapting f_thetaS alone reuses them, since the frozen low-rank module gives the same ones."""
         m = self.cfg.multiple
         if Y.shape[-1] % m or Y.shape[-2] % m:
             raise ValueError(f"input height and width must be multiples of {m}, got {tuple(Y.shape[-2:])}")
@@ -229,34 +196,6 @@ class InDeed(nn.Module):
         else:
             A_hat, B_hat = mu_A, mu_B
         L_hat = low_rank(A_hat, B_hat)
-        level = None
-        if self.cfg.noise_level_input:
-            level = (estimate_noise_level(Y) if noise_level is None else
-                     torch.as_tensor(noise_level, dtype=torch.float32, device=Y.device).expand(Y.shape[0]))
-        mu_S, sigma_S = self.sparse(Y - L_hat, L_hat, level)
+        mu_S, sigma_S = self.sparse(Y - L_hat, L_hat)
         S_hat = mu_S + sigma_S * standard_normal(mu_S) if sample else mu_S
         return Decomposition(mu_A, sigma_A, mu_B, sigma_B, mu_S, sigma_S, A_hat, B_hat, L_hat, S_hat)
-
-
-def grow_into(model: InDeed, state: dict[str, Tensor]) -> None:
-    """Load the weights ``state`` of a smaller network (``ModelConfig.grows_from``) into ``model``
-    so that it computes the same function at first: the stem's new noise-level input channel
-    starts at zero weight, and the new top-scale residual blocks start as identities (their second
-    convolution zero).  Fine-tuning then starts from the old network instead of from scratch."""
-    own = model.state_dict()
-    new = {}
-    for k, v in own.items():
-        old = state.get(k)
-        if old is not None and old.shape == v.shape:
-            new[k] = old
-        elif old is not None and k == "sparse.stem.weight" and old.shape[1] < v.shape[1] and old.shape[2:] == v.shape[2:]:
-            w = torch.zeros_like(v)
-            w[:, :old.shape[1]] = old
-            new[k] = w
-        elif old is None and ".conv2." in k:
-            new[k] = torch.zeros_like(v)
-        elif old is None:
-            new[k] = v
-        else:
-            raise ValueError(f"cannot grow {k}: {tuple(old.shape)} -> {tuple(v.shape)}")
-    model.load_state_dict(new)

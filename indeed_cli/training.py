@@ -26,7 +26,7 @@ from . import posteriors as P
 from .checkpoint import save_checkpoint
 from .config import LossWeights, ModelConfig
 from .imageio import is_image_path, read_image
-from .networks import InDeed, grow_into
+from .networks import InDeed
 
 
 
@@ -159,8 +159,7 @@ def training_loss(model: torch.nn.Module, Y: torch.Tensor, targets: dict[str, to
 
     All terms are divided by the same element count C*h*w, which keeps their balance.
     """
-    # models with a noise-level input learn from the true sigma of each patch, as FFDNet does
-    d = model(Y, sample=True, noise_level=targets.get("sigma")).float()
+    d = model(Y, sample=True).float()
     terms = P.elbo_terms(d, Y.float(), priors)
     if task == "denoise":
         sup = P.denoise_supervision_loss(d.L_hat, d.S_hat, targets["clean"], weights.sigma0)
@@ -354,12 +353,9 @@ def _train(model_cfg: ModelConfig, tc: TrainConfig, train_images: list[torch.Ten
     elif tc.init:  # fine-tune: start from a checkpoint's weights with a fresh optimizer and schedule
         from .checkpoint import load_checkpoint
         start = load_checkpoint(tc.init, dev)
-        if start.config == model_cfg:
-            model.load_state_dict(start.model.state_dict())
-        elif model_cfg.grows_from(start.config):  # more top blocks / a noise-level input: same function at first
-            grow_into(model, start.model.state_dict())
-        else:
+        if start.config != model_cfg:
             raise ValueError(f"--init checkpoint {tc.init} has another model config than this run")
+        model.load_state_dict(start.model.state_dict())
         log(f"initialised from {tc.init} ({start.training.get('steps', '?')} steps)")
     net = model
     if dist:
@@ -454,8 +450,8 @@ def _max_over_ranks(code: int, dev: torch.device) -> int:
 
 def _denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):
     clean = sampler.sample(n)
-    noisy, sigma = add_noise(clean, tc.sigma_max, tc.clip_prob, gen)
-    return noisy, {"clean": clean, "sigma": sigma.to(noisy.device)}
+    noisy, _ = add_noise(clean, tc.sigma_max, tc.clip_prob, gen)
+    return noisy, {"clean": clean}
 
 
 def detect_batch_fn(textures: list[torch.Tensor] | None = None, anomaly_cfg=None) -> Callable:

@@ -1,6 +1,6 @@
 # The GPU call behind docs/benchmarks.md "Fine-tunes aimed at the Set12 gap" (sixth session of 2026-11-26):
 # one NVIDIA H100 (device tool, nvidia-h100-x1), the four runs sharing it; .carry/ held Train400, BSDS500 and
-# Set12 + BSD68 (dtest). Needs the code of the commit that added this file (--noise-level-input and
+# Set12 + BSD68 (dtest). Needs the code of commit c0df07a, which added this file (--noise-level-input and
 # --sparse-top-blocks were removed afterwards because they did not help).
 export PYTHONPATH=. OMP_NUM_THREADS=4
 nvidia-smi --query-gpu=name --format=csv,noheader > $OUT/summary.txt

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -39,15 +39,6 @@ def train_cmd(
                                                         "(Y - AB^T, the paper) or residual+lowrank (also AB^T, "
                                                         "docs/model.md); default residual+lowrank for denoise, "
                                                         "residual for detect.")] = None,
-    sparse_top_blocks: Annotated[Optional[int], typer.Option("--sparse-top-blocks", help="Extra residual blocks at "
-                                                             "f_thetaS's finest scale (default 0). With --init, "
-                                                             "more than the checkpoint has grows it (new blocks "
-                                                             "start as identities).")] = None,
-    noise_level_input: Annotated[Optional[bool], typer.Option("--noise-level-input/--blind", help="f_thetaS also "
-                                                              "gets the noise level (true sigma in training; "
-                                                              "estimated from the whole image, or --sigma, at "
-                                                              "inference; docs/model.md). Default: blind. With "
-                                                              "--init, grows a blind checkpoint.")] = None,
     lowrank_width: Annotated[int, typer.Option("--lowrank-width")] = 32,
     sigma0: Annotated[float, typer.Option("--sigma0", help="Precision of the supervision likelihood.")] = 1e5,
     no_bayes: Annotated[bool, typer.Option("--no-bayes", help="Drop l_fid, l_rank, l_sparse (ablation #9).")] = False,
@@ -95,8 +86,7 @@ def train_cmd(
         raise CLIError("--task detect needs held-out normal images (--val DIR or --val-count N) to learn its threshold")
     try:
         cfg = ModelConfig(channels=channels, rank=rank, task=task, sparse_width=sparse_width, sparse_blocks=sparse_blocks,
-                          sparse_levels=sparse_levels, sparse_input=sparse_input, lowrank_width=lowrank_width,
-                          sparse_top_blocks=sparse_top_blocks or 0, noise_level_input=bool(noise_level_input))
+                          sparse_levels=sparse_levels, sparse_input=sparse_input, lowrank_width=lowrank_width)
         cfg.validate()
     except ValueError as e:
         raise CLIError(str(e)) from None
@@ -111,12 +101,6 @@ def train_cmd(
         if cfg.task != task or cfg.channels != channels:
             raise CLIError(f"--init {init} is a {cfg.channels}-channel {cfg.task} model; this run is a "
                            f"{channels}-channel {task} one", 3)
-        start_cfg = cfg  # grow it where asked (networks.grow_into); other architecture options are the checkpoint's
-        cfg = replace(cfg, sparse_top_blocks=cfg.sparse_top_blocks if sparse_top_blocks is None else sparse_top_blocks,
-                      noise_level_input=cfg.noise_level_input if noise_level_input is None else noise_level_input)
-        if not cfg.grows_from(start_cfg):
-            raise CLIError(f"--init {init} cannot be shrunk: it has {start_cfg.sparse_top_blocks} top blocks"
-                           f"{' and a noise-level input' if start_cfg.noise_level_input else ''}", 2)
     tc = TrainConfig(task=task, steps=steps, batch=batch, patch=patch, lr=lr, sigma_max=sigma_max, clip_prob=clip_prob,
                      seed=seed, time_limit=time_limit, time_budget=time_budget, log_every=log_every, val_every=val_every,
                      losses=LossWeights(sigma0=sigma0, bayesian=not no_bayes), init=init_path,
