@@ -152,6 +152,22 @@ def test_train_cli_builds_the_requested_sparse_module(tmp_path, rng, run_cli):
         (8, 1, 4, "residual+lowrank")
 
 
+def test_train_denoise_scale_augmentation_leaves_out_copies_smaller_than_the_patch(tmp_path, rng, run_cli):
+    from indeed_cli.checkpoint import read_metadata
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (48, 48), dtype=np.uint8))
+    # 0.75 makes 36 px copies (kept), 0.5 makes 24 px ones: cropping 32 px patches from them would fail
+    code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "run", "--channels", "1", "--scales", "1,0.75,0.5",
+                           "--sparse-width", "8", "--lowrank-width", "8", "--rank", "4", "--patch", "32", "--batch", "2",
+                           "--steps", "2", "--val-count", "1", "--ood-samples", "0", "-q", "--device", "cpu")
+    assert code == 0, err
+    meta = read_metadata(tmp_path / "run" / "model.safetensors")
+    assert meta["training"]["augment_scales"] == [1.0, 0.75, 0.5] and "scales" not in meta["training"]
+    assert "detect" not in meta["extra"]  # a denoiser has no read-out scales
+
+
 def _ddp_rank(rank: int, port: int, data: str, out: str, result, case: str) -> None:
     import os
     os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -19,9 +19,11 @@ def train_cmd(
     anomalies: Annotated[str, typer.Option("--anomalies", help="detect: synthetic anomaly preset: strong, subtle "
                                            "(also faint, soft-edged ones) or surface (large texture regions); "
                                            "docs/detect.md.")] = "strong",
-    scales: Annotated[Optional[str], typer.Option("--scales", help="detect: image pyramid to train on and to read out "
-                                                  "at (maps averaged; large defects need it, docs/detect.md); "
-                                                  "default 1,0.5,0.25 for detect, 1 for denoise.")] = None,
+    scales: Annotated[Optional[str], typer.Option("--scales", help="Image pyramid to train on. detect: also the "
+                                                  "read-out scales (maps averaged; large defects need it, "
+                                                  "docs/detect.md), default 1,0.5,0.25. denoise: scale "
+                                                  "augmentation (copies smaller than --patch are left out), "
+                                                  "default 1.")] = None,
     channels: Annotated[int, typer.Option("--channels", help="1 = gray model, 3 = colour model.")] = 3,
     val: Annotated[Optional[str], typer.Option("--val", help="Held-out images for validation PSNR.")] = None,
     val_count: Annotated[int, typer.Option("--val-count", help="Without --val: hold out the last N training images.")] = 8,
@@ -65,8 +67,6 @@ def train_cmd(
     if sparse_input is None:  # better for denoising; level for detection (docs/detect.md), so the paper's form there
         sparse_input = "residual+lowrank" if task == "denoise" else "residual"
     pyramid = parse_scales(scales or ("1,0.5,0.25" if task == "detect" else "1"))
-    if task != "detect" and pyramid != (1.0,):
-        raise CLIError("--scales is for --task detect", 2)
     try:  # option conflicts (TrainConfig.check) before any data is listed or loaded
         TrainConfig(time_budget=time_budget, deterministic=deterministic).check()
     except ValueError as e:
@@ -123,6 +123,9 @@ def train_cmd(
     if pyramid != (1.0,):
         from ..training import image_pyramid
         train_images = image_pyramid(train_images, pyramid)
+        if task == "denoise":  # detection mirror-extends small images; denoising crops only whole patches
+            train_images = [im for im in train_images if min(im.shape[1:]) >= patch]
+            facts["augment_scales"] = list(pyramid)
     try:
         rec = train(cfg, tc, train_images, out, val_images or None, device=device, facts=facts,
                     make_batch=make_batch, progress=not quiet, log=lambda m: typer.echo(m, err=True))
