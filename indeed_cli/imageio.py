@@ -9,7 +9,9 @@
 """
 from __future__ import annotations
 
+import io
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,38 +50,54 @@ class LoadedImage:
         return self.data.shape[1], self.data.shape[2]
 
 
-def _png_colour_depth(path: Path) -> tuple[int, int] | None:
-    """(bit depth, colour type) from a PNG header, or None if not a PNG."""
-    with open(path, "rb") as f:
-        head = f.read(26)
+STDIO = "-"  # an input or output path meaning standard input / output (shell pipelines)
+
+
+def is_stdio(path: str | Path) -> bool:
+    return str(path) == STDIO
+
+
+def _png_colour_depth(head: bytes) -> tuple[int, int] | None:
+    """(bit depth, colour type) from the first 26 bytes of a PNG, or None if not a PNG."""
     if len(head) < 26 or head[:8] != b"\x89PNG\r\n\x1a\n":
         return None
     return head[24], head[25]
 
 
 def read_image(path: str | Path) -> LoadedImage:
+    """An image file, or standard input for ``-`` (any format Pillow reads)."""
     path = Path(path)
-    if not path.exists():
-        raise ImageError(f"{path}: no such file")
-    if path.is_dir():
-        raise ImageError(f"{path}: is a folder, not an image")
-    if path.stat().st_size == 0:
-        raise ImageError(f"{path}: empty file (0 bytes)")
-    png = _png_colour_depth(path)
+    if is_stdio(path):
+        name, data = "<stdin>", sys.stdin.buffer.read()
+        if not data:
+            raise ImageError(f"{name}: empty input (0 bytes)")
+        head, source = data[:26], io.BytesIO(data)
+    else:
+        name = str(path)
+        if not path.exists():
+            raise ImageError(f"{path}: no such file")
+        if path.is_dir():
+            raise ImageError(f"{path}: is a folder, not an image")
+        if path.stat().st_size == 0:
+            raise ImageError(f"{path}: empty file (0 bytes)")
+        with open(path, "rb") as f:
+            head = f.read(26)
+        source = path
+    png = _png_colour_depth(head)
     if png and png[0] == 16 and png[1] in (2, 6):
-        raise ImageError(f"{path}: 16-bit colour PNG is not supported yet (Pillow would drop it to 8 bits); "
+        raise ImageError(f"{name}: 16-bit colour PNG is not supported yet (Pillow would drop it to 8 bits); "
                          "use 8-bit colour or 16-bit gray")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
+            with Image.open(source) as im:
                 im.load()
                 im = ImageOps.exif_transpose(im)
     except UnidentifiedImageError:
-        raise ImageError(f"{path}: not an image file (or an unsupported format)") from None
+        raise ImageError(f"{name}: not an image file (or an unsupported format)") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ImageError(f"{path}: corrupt or truncated image ({msg})") from None
+        raise ImageError(f"{name}: corrupt or truncated image ({msg})") from None
     return _from_pil(im, path)
 
 
@@ -165,12 +183,23 @@ def atomic_write_via(path: str | Path, writer) -> Path:
 
 
 def write_image(path: str | Path, data: np.ndarray, like: LoadedImage | None = None, bit_depth: int | None = None) -> Path:
-    """Write (C, h, w) [0, 1] data with the depth and alpha of ``like``."""
+    """Write (C, h, w) [0, 1] data with the depth and alpha of ``like``; ``-`` writes a PNG to
+    standard output."""
     depth = bit_depth or (like.bit_depth if like else 8)
     alpha = like.alpha if like is not None else None
     if alpha is not None and alpha.shape != data.shape[1:]:
         alpha = None
-    return atomic_save(to_pil(data, depth, alpha), path)
+    image = to_pil(data, depth, alpha)
+    if is_stdio(path):
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        try:
+            sys.stdout.buffer.write(buf.getvalue())
+            sys.stdout.buffer.flush()
+        except OSError as e:  # e.g. the reading end of the pipe went away
+            raise ImageError(f"<stdout>: cannot write ({e.strerror or e})") from None
+        return Path(path)
+    return atomic_save(image, path)
 
 
 def is_image_path(p: Path) -> bool:

@@ -25,6 +25,38 @@ def test_help_lists_the_commands(run_cli):
         assert c in out
 
 
+def test_denoise_reads_stdin_and_writes_stdout_in_a_pipeline(run_cli, imgs, tmp_path, ckpt_paths):
+    """`indeed denoise - -o -` in a real pipe: the same pixels as file to file; refusals write nothing."""
+    import subprocess
+    import sys
+    w = str(ckpt_paths[3])
+    code, _, err = run_cli("denoise", imgs / "a.png", "-o", tmp_path / "ref.png", "-w", w, "-q")
+    assert code == 0, err
+
+    def pipe(*args, data: bytes):
+        r = subprocess.run([sys.executable, "-m", "indeed_cli", "denoise", *map(str, args)], input=data,
+                           capture_output=True, timeout=300)
+        return r.returncode, r.stdout, r.stderr.decode()
+
+    png = (imgs / "a.png").read_bytes()
+    code, out, err = pipe("-", "-o", "-", "-w", w, "-q", data=png)
+    assert code == 0, err
+    import io
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(out))), np.asarray(Image.open(tmp_path / "ref.png")))
+    code, out, err = pipe("-", "-o", "-", "-w", w, data=b"not an image")
+    assert code == 1 and out == b"" and "<stdin>" in err and len(err.strip().splitlines()) == 1
+    code, out, err = pipe("-", "-o", "-", "-w", w, "--json", data=png)  # both would need stdout
+    assert code == 2 and out == b""
+    # standard input to a folder (and to detect's maps) is named "stdin"
+    code, out, err = pipe("-", "-o", tmp_path / "outdir", "-w", w, "-q", data=png)
+    assert code == 0 and (tmp_path / "outdir" / "stdin.png").exists(), err
+
+
+def test_stdout_output_takes_one_input(run_cli, imgs, tmp_path, ckpt_paths):
+    code, out, err = run_cli("denoise", imgs, "-o", "-", "-w", ckpt_paths[3])
+    assert code == 2 and "one input" in err and out == ""
+
+
 def test_denoise_file_and_folder(run_cli, imgs, tmp_path, ckpt_paths):
     code, out, err = run_cli("denoise", imgs / "a.png", "-o", tmp_path / "one.png", "-w", ckpt_paths[3])
     assert code == 0, err

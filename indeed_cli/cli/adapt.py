@@ -12,7 +12,7 @@ from ..checkpoint import save_checkpoint
 from ..imageio import ImageError, read_image, write_image
 from ..inference import decompose, denoise
 from .common import (EXIT_FAILED, Batch, Device, Force, Json, ModelCache, OrderedWriter, Overlap, Precision, Quiet, Recursive,
-                     Tile, Weights, CLIError, check_targets, require_folder, emit_json, expand_inputs, inference_options, report_failure, warn)
+                     Tile, Weights, CLIError, check_targets, require_folder, emit_json, expand_inputs, inference_options, report_failure, stem, warn)
 from .decompose import outputs_for, write_decomposition
 
 
@@ -45,7 +45,7 @@ def adapt_cmd(
         raise CLIError("--save-weights goes with --mode ag (oag adapts a fresh copy per image)")
     paths = expand_inputs(inputs, recursive)
     require_folder(output, "--output")
-    plans = [{"denoised": output / f"{p.stem}.png", **({} if denoised_only else outputs_for(output, p.stem, False))}
+    plans = [{"denoised": output / f"{stem(p)}.png", **({} if denoised_only else outputs_for(output, stem(p), False))}
              for p in paths]
     check_targets(paths, [f for plan in plans for f in plan.values()] + ([save_weights] if save_weights else []), force)
     opts = inference_options(tile, overlap, batch, precision)

@@ -11,7 +11,7 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
-from ..imageio import ImageError, is_image_path
+from ..imageio import STDIO, ImageError, is_image_path, is_stdio
 
 # Exit codes (docs/cli.md)
 EXIT_OK = 0
@@ -47,12 +47,20 @@ Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the netw
                                        "pays off on many images, docs/benchmarks.md).")]
 
 
+def stem(path: Path) -> str:
+    """The name outputs are made from: the file's stem, ``stdin`` for standard input."""
+    return "stdin" if is_stdio(path) else path.stem
+
+
 def expand_inputs(inputs: list[str], recursive: bool = False) -> list[Path]:
-    """Files, folders (their images, sorted) and glob patterns -> unique image paths."""
+    """Files, folders (their images, sorted), glob patterns and ``-`` (standard input) ->
+    unique image paths."""
     out: list[Path] = []
     for spec in inputs:
         p = Path(spec).expanduser()
-        if p.is_dir():
+        if spec == STDIO:
+            out.append(Path(STDIO))
+        elif p.is_dir():
             it = p.rglob("*") if recursive else p.iterdir()
             found = sorted(q for q in it if q.is_file() and is_image_path(q) and not q.name.startswith("."))
             if not found:
@@ -69,7 +77,7 @@ def expand_inputs(inputs: list[str], recursive: bool = False) -> list[Path]:
             raise CLIError(f"no such file or folder: {spec}")
     seen, unique = set(), []
     for p in out:
-        key = p.resolve()
+        key = STDIO if is_stdio(p) else p.resolve()
         if key not in seen:
             seen.add(key)
             unique.append(p)
@@ -81,11 +89,17 @@ def plan_outputs(inputs: list[Path], output: Path, suffix: str = ".png", force: 
     """Where each input's result goes: ``output`` itself for one input with an image suffix,
     else ``output/<stem><suffix>``.  Refuses input overwrites, stem clashes and (without
     --force) existing files, before any work is done.  Returns the inputs to process, their
-    targets, and the inputs left out by ``skip_existing``."""
+    targets, and the inputs left out by ``skip_existing``.  ``-o -`` (one input) is standard output."""
+    if is_stdio(output):
+        if len(inputs) != 1:
+            raise CLIError(f"-o - (standard output) takes one input, not {len(inputs)}")
+        if skip_existing:
+            raise CLIError("--skip-existing cannot check standard output")
+        return inputs, [output], []
     as_file = len(inputs) == 1 and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir()
     if not as_file and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir():
         raise CLIError(f"{len(inputs)} inputs need an output folder, not the file name {output}")
-    targets = [output] if as_file else [output / f"{p.stem}{suffix}" for p in inputs]
+    targets = [output] if as_file else [output / f"{stem(p)}{suffix}" for p in inputs]
     keep, skipped = skip_done(inputs, [[t] for t in targets], skip_existing, force)
     inputs, targets = [inputs[i] for i in keep], [targets[i] for i in keep]
     check_targets(inputs, targets, force)
@@ -120,7 +134,7 @@ def require_folder(path: Path, option: str) -> None:
 
 
 def check_targets(inputs: list[Path], targets: list[Path], force: bool) -> None:
-    ins = {p.resolve() for p in inputs}
+    ins = {p.resolve() for p in inputs if not is_stdio(p)}
     seen: dict[Path, int] = {}
     for t in targets:
         r = t.resolve()

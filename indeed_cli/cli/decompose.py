@@ -14,7 +14,7 @@ from ..ood import ood_features, ood_report
 from ..visualize import panel, viewable
 from .common import (Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, OrderedWriter, Overlap, Precision, Quiet,
                      Recursive, Tile, Weights, check_targets, skip_done, report_skipped, SkipExisting, require_folder, emit_json, expand_inputs,
-                     inference_options, progress_bar, report_failure)
+                     inference_options, progress_bar, report_failure, stem)
 
 PNG_MAPS = ("L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S")
 
@@ -61,7 +61,7 @@ def decompose_cmd(
     """Decompose images into low-rank L, sparse S and noise N with their posteriors."""
     paths = expand_inputs(inputs, recursive)
     require_folder(output, "--output")
-    plans = [outputs_for(output, p.stem, with_panel) for p in paths]
+    plans = [outputs_for(output, stem(p), with_panel) for p in paths]
     keep, skipped = skip_done(paths, [list(plan.values()) for plan in plans], skip_existing, force)
     paths, plans = [paths[i] for i in keep], [plans[i] for i in keep]
     check_targets(paths, [f for plan in plans for f in plan.values()], force)

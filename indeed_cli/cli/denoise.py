@@ -1,6 +1,7 @@
 """`indeed denoise`: L + S of each image, same size, mode, alpha and bit depth."""
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -8,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..adaptation import default_group
-from ..imageio import ImageError, read_image, write_image
+from ..imageio import ImageError, is_stdio, read_image, write_image
 from ..inference import decompose, denoise, n_tiles
 from ..ood import ood_features, ood_report
 from .common import (Compile, EXIT_FAILED, EXIT_WEIGHTS, Batch, CLIError, Device, Force, Json, ModelCache, Overlap,
@@ -17,8 +18,9 @@ from .common import (Compile, EXIT_FAILED, EXIT_WEIGHTS, Batch, CLIError, Device
 
 
 def denoise_cmd(
-    inputs: Annotated[list[str], typer.Argument(help="Image files, folders or glob patterns.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Output file (one input) or folder.")],
+    inputs: Annotated[list[str], typer.Argument(help="Image files, folders or glob patterns; - reads standard input.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output file (one input) or folder; - writes a "
+                                         "PNG to standard output.")],
     auto_adapt: Annotated[bool, typer.Option("--auto-adapt", help="Run InDeedOAG (indeed adapt --mode oag) on images "
                                              "the OOD score flags as out of distribution.")] = False,
     ood_threshold: Annotated[Optional[float], typer.Option("--ood-threshold", help="Override the checkpoint's OOD threshold.")] = None,
@@ -28,6 +30,10 @@ def denoise_cmd(
     skip_existing: SkipExisting = False,
 ) -> None:
     """Denoise images with the InDeed posterior mean L + S (--json adds the OOD score)."""
+    if is_stdio(output) and json_out:
+        raise CLIError("--json and -o - both need standard output; write the image to a file")
+    if is_stdio(output) and sys.stdout.isatty():
+        raise CLIError("-o - writes a PNG to standard output, which is a terminal here; redirect or pipe it")
     paths = expand_inputs(inputs, recursive)
     paths, targets, skipped = plan_outputs(paths, output, ".png", force, skip_existing)
     report_skipped(skipped, json_out, quiet)

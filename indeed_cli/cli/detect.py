@@ -12,7 +12,7 @@ from ..detection import detect, detect_tiles, readout_scales, stored_threshold
 from ..imageio import ImageError, atomic_save, atomic_write_via, read_image
 from .common import (OrderedWriter, Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
                      Tile, Weights, CLIError, check_targets, skip_done, report_skipped, SkipExisting, parse_scales, require_folder, emit_json, expand_inputs, inference_options,
-                     progress_bar, report_failure, warn)
+                     progress_bar, report_failure, stem, warn)
 
 
 def heat(v: np.ndarray) -> np.ndarray:
@@ -40,8 +40,8 @@ def detect_cmd(
     read_scales = parse_scales(scales) if scales else None
     paths = expand_inputs(inputs, recursive)
     require_folder(maps, "--maps")
-    plans = [{"anomaly": maps / f"{p.stem}_anomaly.png", "overlay": maps / f"{p.stem}_overlay.png",
-              "mask": maps / f"{p.stem}_mask.png", "npz": maps / f"{p.stem}.npz"} for p in paths]
+    plans = [{"anomaly": maps / f"{stem(p)}_anomaly.png", "overlay": maps / f"{stem(p)}_overlay.png",
+              "mask": maps / f"{stem(p)}_mask.png", "npz": maps / f"{stem(p)}.npz"} for p in paths]
     keep, skipped = skip_done(paths, [list(plan.values()) for plan in plans], skip_existing, force)
     paths, plans = [paths[i] for i in keep], [plans[i] for i in keep]
     check_targets(paths, [f for plan in plans for f in plan.values()], force)
