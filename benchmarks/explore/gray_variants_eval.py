@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Gray denoisers side by side on Set12 / BSD68 (float AWGN, the benchmark's per-image seeds),
+"""Gray (or, with --channels 3 --sets CBSD68,Kodak24, colour) denoisers side by side on Set12 / BSD68 (float AWGN, the benchmark's per-image seeds),
 each blind and, for models with a noise-level input (commit c0df07a only), also given the true sigma.
 
     python benchmarks/explore/gray_variants_eval.py --data ../shared/data/denoise-test \
@@ -25,6 +25,7 @@ ap.add_argument("--sets", default="Set12,BSD68")
 ap.add_argument("--sigmas", default="15,25,50")
 ap.add_argument("--weights", action="append", required=True, help="NAME=WEIGHTS")
 ap.add_argument("--device", default="auto")
+ap.add_argument("--channels", type=int, default=1, help="1: gray models (Set12, BSD68); 3: colour (CBSD68, Kodak24)")
 a = ap.parse_args()
 sigmas = [float(s) for s in a.sigmas.split(",")]
 sets = a.sets.split(",")
@@ -37,7 +38,7 @@ print("| model | σ given | " + " | ".join(cols) + " |")
 print("|---|---|" + "---|" * len(cols))
 for spec in a.weights:
     label, w = spec.split("=", 1)
-    ck = load_model(w, 1, a.device)
+    ck = load_model(w, a.channels, a.device)
     # models with a noise-level input existed only in commit c0df07a (docs/benchmarks.md)
     modes = ["estimated", "true"] if getattr(ck.config, "noise_level_input", False) else ["blind"]
     for mode in modes:
