@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Gray (or, with --channels 3 --sets CBSD68,Kodak24, colour) denoisers side by side on Set12 / BSD68 (float AWGN, the benchmark's per-image seeds),
-each blind and, for models with a noise-level input (commit c0df07a only), also given the true sigma.
+"""Gray (or, with --channels 3 --sets CBSD68,Kodak24, colour) denoisers side by side on Set12 / BSD68
+(float AWGN, the benchmark's per-image seeds).  The version in commit c0df07a also scored models
+with a noise-level input given the true sigma; such models exist only there.
 
     python benchmarks/explore/gray_variants_eval.py --data ../shared/data/denoise-test \
         --weights ship=gray --weights v1=runs/v1/model.safetensors [--device cuda]
 
-Prints one markdown row per (model, sigma mode) with mean PSNR per set and sigma; docs/model.md
-reads the table.  A one-off for comparing fine-tuned variants (docs/model.md), not a benchmark.
+Prints one markdown row per model with mean PSNR per set and sigma; docs/benchmarks.md reads the
+tables.  A one-off for comparing fine-tuned variants, not a benchmark.
 """
 import argparse
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from indeed_cli import InferenceOptions, denoise, load_model  # noqa: E402
+from indeed_cli import denoise, load_model  # noqa: E402
 from indeed_cli.imageio import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr  # noqa: E402
 
@@ -34,19 +35,15 @@ for name in sets:
     files = sorted(p for p in (Path(a.data) / name).iterdir() if p.suffix.lower() in (".png", ".jpg", ".bmp", ".tif"))
     data[name] = [(p.name, read_image(p).data) for p in files]
 cols = [f"{n} σ{s:g}" for n in sets for s in sigmas]
-print("| model | σ given | " + " | ".join(cols) + " |")
-print("|---|---|" + "---|" * len(cols))
+print("| model | " + " | ".join(cols) + " |")
+print("|---|" + "---|" * len(cols))
 for spec in a.weights:
     label, w = spec.split("=", 1)
     ck = load_model(w, a.channels, a.device)
-    # models with a noise-level input existed only in commit c0df07a (docs/benchmarks.md)
-    modes = ["estimated", "true"] if getattr(ck.config, "noise_level_input", False) else ["blind"]
-    for mode in modes:
-        cells = []
-        for name in sets:
-            for s in sigmas:
-                o = InferenceOptions(**({"noise_level": s / 255} if mode == "true" else {}))
-                ps = [psnr(denoise(ck, add_awgn(x, s, image_seed(f, s)), o), x) for f, x in data[name]]
-                cells.append(f"{np.mean(ps):.3f}")
-        print(f"| {label} | {mode} | " + " | ".join(cells) + " |", flush=True)
+    cells = []
+    for name in sets:
+        for s in sigmas:
+            ps = [psnr(denoise(ck, add_awgn(x, s, image_seed(f, s))), x) for f, x in data[name]]
+            cells.append(f"{np.mean(ps):.3f}")
+    print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
 print("\nCommand: python " + " ".join(sys.argv))

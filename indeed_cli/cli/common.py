@@ -100,22 +100,23 @@ def plan_outputs(inputs: list[Path], output: Path, suffix: str = ".png", force: 
     if not as_file and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir():
         raise CLIError(f"{len(inputs)} inputs need an output folder, not the file name {output}")
     targets = [output] if as_file else [output / f"{stem(p)}{suffix}" for p in inputs]
-    keep, skipped = skip_done(inputs, [[t] for t in targets], skip_existing, force)
-    inputs, targets = [inputs[i] for i in keep], [targets[i] for i in keep]
-    check_targets(inputs, targets, force)
-    return inputs, targets, skipped
+    inputs, plans, skipped = skip_done(inputs, [{"output": t} for t in targets], skip_existing, force)
+    return inputs, [plan["output"] for plan in plans], skipped
 
 
-def skip_done(inputs: list[Path], plans: list[list[Path]], skip_existing: bool, force: bool) -> tuple[list[int], list[Path]]:
-    """With --skip-existing: the indices of the inputs still to do, and those whose planned
-    outputs all exist (left out).  An input with only some of its outputs is not skipped, so
-    check_targets refuses it without --force: its files are never overwritten silently."""
-    if not skip_existing:
-        return list(range(len(inputs))), []
-    if force:
+def skip_done(inputs: list[Path], plans: list[dict[str, Path]], skip_existing: bool,
+              force: bool) -> tuple[list[Path], list[dict[str, Path]], list[Path]]:
+    """The inputs still to do with their planned files, and (with --skip-existing) the inputs left
+    out because all their planned files exist.  What remains is checked by check_targets, so an
+    input with only some of its outputs is refused without --force: never overwritten silently."""
+    if skip_existing and force:
         raise CLIError("--skip-existing and --force contradict each other; choose one")
-    done = [bool(files) and all(f.exists() for f in files) for files in plans]
-    return [i for i, d in enumerate(done) if not d], [p for p, d in zip(inputs, done) if d]
+    done = [skip_existing and bool(plan) and all(f.exists() for f in plan.values()) for plan in plans]
+    skipped = [p for p, d in zip(inputs, done) if d]
+    todo = [i for i, d in enumerate(done) if not d]
+    inputs, plans = [inputs[i] for i in todo], [plans[i] for i in todo]
+    check_targets(inputs, [f for plan in plans for f in plan.values()], force)
+    return inputs, plans, skipped
 
 
 def report_skipped(skipped: list[Path], json_out: bool, quiet: bool) -> None:

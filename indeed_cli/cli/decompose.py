@@ -13,7 +13,7 @@ from ..inference import decompose, n_tiles
 from ..ood import ood_features, ood_report
 from ..visualize import panel, viewable
 from .common import (Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, OrderedWriter, Overlap, Precision, Quiet,
-                     Recursive, Tile, Weights, check_targets, skip_done, report_skipped, SkipExisting, require_folder, emit_json, expand_inputs,
+                     Recursive, Tile, Weights, skip_done, report_skipped, SkipExisting, require_folder, emit_json, expand_inputs,
                      inference_options, progress_bar, report_failure, stem)
 
 PNG_MAPS = ("L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S")
@@ -62,9 +62,7 @@ def decompose_cmd(
     paths = expand_inputs(inputs, recursive)
     require_folder(output, "--output")
     plans = [outputs_for(output, stem(p), with_panel) for p in paths]
-    keep, skipped = skip_done(paths, [list(plan.values()) for plan in plans], skip_existing, force)
-    paths, plans = [paths[i] for i in keep], [plans[i] for i in keep]
-    check_targets(paths, [f for plan in plans for f in plan.values()], force)
+    paths, plans, skipped = skip_done(paths, plans, skip_existing, force)
     report_skipped(skipped, json_out, quiet)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device, compile=compile_net)

@@ -11,7 +11,7 @@ from PIL import Image
 from ..detection import detect, detect_tiles, readout_scales, stored_threshold
 from ..imageio import ImageError, atomic_save, atomic_write_via, read_image
 from .common import (OrderedWriter, Compile, EXIT_FAILED, Batch, Device, Force, Json, ModelCache, Overlap, Precision, Quiet, Recursive,
-                     Tile, Weights, CLIError, check_targets, skip_done, report_skipped, SkipExisting, parse_scales, require_folder, emit_json, expand_inputs, inference_options,
+                     Tile, Weights, CLIError, skip_done, report_skipped, SkipExisting, parse_scales, require_folder, emit_json, expand_inputs, inference_options,
                      progress_bar, report_failure, stem, warn)
 
 
@@ -42,9 +42,7 @@ def detect_cmd(
     require_folder(maps, "--maps")
     plans = [{"anomaly": maps / f"{stem(p)}_anomaly.png", "overlay": maps / f"{stem(p)}_overlay.png",
               "mask": maps / f"{stem(p)}_mask.png", "npz": maps / f"{stem(p)}.npz"} for p in paths]
-    keep, skipped = skip_done(paths, [list(plan.values()) for plan in plans], skip_existing, force)
-    paths, plans = [paths[i] for i in keep], [plans[i] for i in keep]
-    check_targets(paths, [f for plan in plans for f in plan.values()], force)
+    paths, plans, skipped = skip_done(paths, plans, skip_existing, force)
     report_skipped(skipped, json_out, quiet)
     opts = inference_options(tile, overlap, batch, precision)
     models = ModelCache(weights, device, task="detect", compile=compile_net)
