@@ -2,7 +2,9 @@
 
 - EXIF orientation is applied on read (photos come out upright).
 - Gray stays gray, RGB stays RGB; an alpha channel is passed through untouched.
-- 8-bit and 16-bit gray keep their depth; values are processed in [0, 1] floats.
+- 8-bit and 16-bit images keep their depth; values are processed in [0, 1] floats.  16-bit
+  colour and 16-bit alpha PNGs, which Pillow would reduce to 8 bits, are decoded and written
+  by :mod:`indeed_cli.png16`.
 - Corrupt, empty, truncated or non-image files raise :class:`ImageError` with a
   one-line message.  Writes go to a temporary file that is renamed into place, so
   an interrupted run never leaves a partial output.
@@ -19,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from . import png16
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".ppm", ".pgm", ".pnm"}
 Image.MAX_IMAGE_PIXELS = 400_000_000  # 24 MP is normal here; beyond 400 MP ask the user to split
 
@@ -32,7 +36,7 @@ class LoadedImage:
     """Pixels as float32 (C, h, w) in [0, 1], plus what is needed to write back alike."""
 
     data: np.ndarray
-    alpha: np.ndarray | None  # (h, w) in the file's own dtype, passed through
+    alpha: np.ndarray | None  # (h, w) in the file's own dtype (uint8 or uint16), passed through
     bit_depth: int  # 8 or 16
     path: Path
 
@@ -72,6 +76,7 @@ def read_image(path: str | Path) -> LoadedImage:
         if not data:
             raise ImageError(f"{name}: empty input (0 bytes)")
         head, source = data[:26], io.BytesIO(data)
+        file_bytes = data
     else:
         name = str(path)
         if not path.exists():
@@ -82,11 +87,10 @@ def read_image(path: str | Path) -> LoadedImage:
             raise ImageError(f"{path}: empty file (0 bytes)")
         with open(path, "rb") as f:
             head = f.read(26)
-        source = path
+        source, file_bytes = path, None
     png = _png_colour_depth(head)
-    if png and png[0] == 16 and png[1] in (2, 6):
-        raise ImageError(f"{name}: 16-bit colour PNG is not supported yet (Pillow would drop it to 8 bits); "
-                         "use 8-bit colour or 16-bit gray")
+    if png and png16.handles(*png):
+        return _read_png16(file_bytes if file_bytes is not None else path.read_bytes(), name, path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -99,6 +103,31 @@ def read_image(path: str | Path) -> LoadedImage:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ImageError(f"{name}: corrupt or truncated image ({msg})") from None
     return _from_pil(im, path)
+
+
+def _read_png16(data: bytes, name: str, path: Path) -> LoadedImage:
+    """A 16-bit RGB, RGBA or gray+alpha PNG at full depth (Pillow would read it as 8 bits)."""
+    w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if w * h > Image.MAX_IMAGE_PIXELS:
+        raise ImageError(f"{name}: corrupt or truncated image ({w}x{h} pixels is more than "
+                         f"{Image.MAX_IMAGE_PIXELS:,})")
+    try:
+        pixels = png16.decode(data)
+    except png16.PNGError as e:
+        raise ImageError(f"{name}: corrupt or truncated image ({e})") from None
+    has_alpha = pixels.shape[2] in (2, 4)
+    alpha = pixels[..., -1].copy() if has_alpha else None
+    colour = pixels[..., :-1] if has_alpha else pixels
+    data_f = colour.transpose(2, 0, 1).astype(np.float32)
+    data_f /= 65535.0
+    return LoadedImage(data_f, alpha, 16, path)
+
+
+def _alpha_at(alpha: np.ndarray, bit_depth: int) -> np.ndarray:
+    """An alpha plane at the output depth (a 16-bit alpha written into an 8-bit file, or back)."""
+    if bit_depth == 16:
+        return alpha.astype(np.uint16) * 257 if alpha.dtype == np.uint8 else alpha.astype(np.uint16)
+    return alpha if alpha.dtype == np.uint8 else np.round(alpha / 257.0).astype(np.uint8)
 
 
 def _from_pil(im: Image.Image, path: Path) -> LoadedImage:
@@ -133,19 +162,37 @@ def _from_pil(im: Image.Image, path: Path) -> LoadedImage:
     return LoadedImage(data, alpha, 8, path)
 
 
-def to_pil(data: np.ndarray, bit_depth: int = 8, alpha: np.ndarray | None = None) -> Image.Image:
-    """(C, h, w) float in [0, 1] -> PIL image of the given depth, with alpha re-attached."""
-    C = data.shape[0]
+def _quantise(data: np.ndarray, bit_depth: int) -> np.ndarray:
+    """(C, h, w) float in [0, 1] -> (h, w, C) unsigned integers of the given depth."""
     x = np.clip(data, 0.0, 1.0)  # the only float temporary; scaled and rounded in place
-    if bit_depth == 16:
-        if C != 1 or alpha is not None:
-            raise ImageError("16-bit output is supported for gray images without alpha only")
-        x *= 65535
-        return Image.fromarray(np.round(x[0], out=x[0]).astype(np.uint16))
-    x *= 255
-    q = np.round(x, out=x).astype(np.uint8).transpose(1, 2, 0)
+    x *= 65535 if bit_depth == 16 else 255
+    return np.round(x, out=x).astype(np.uint16 if bit_depth == 16 else np.uint8).transpose(1, 2, 0)
+
+
+def needs_png16(channels: int, bit_depth: int, alpha: np.ndarray | None) -> bool:
+    """16-bit output that Pillow cannot write (colour, or with alpha): PNG through png16 only."""
+    return bit_depth == 16 and (channels != 1 or alpha is not None)
+
+
+def encode_png16(data: np.ndarray, alpha: np.ndarray | None = None) -> bytes:
+    """(C, h, w) float in [0, 1] (+ alpha) -> bytes of a 16-bit PNG."""
+    q = _quantise(data, 16)
     if alpha is not None:
-        q = np.concatenate([q, alpha[..., None].astype(np.uint8)], axis=-1)
+        q = np.concatenate([q, _alpha_at(alpha, 16)[..., None]], axis=-1)
+    return png16.encode(q)
+
+
+def to_pil(data: np.ndarray, bit_depth: int = 8, alpha: np.ndarray | None = None) -> Image.Image:
+    """(C, h, w) float in [0, 1] -> PIL image of the given depth, with alpha re-attached
+    (16-bit colour or alpha cannot be a PIL image: :func:`encode_png16`)."""
+    C = data.shape[0]
+    if needs_png16(C, bit_depth, alpha):
+        raise ImageError("16-bit colour or alpha output can only be written as PNG")
+    q = _quantise(data, bit_depth)
+    if bit_depth == 16:
+        return Image.fromarray(q[..., 0])
+    if alpha is not None:
+        q = np.concatenate([q, _alpha_at(alpha, 8)[..., None]], axis=-1)
         return Image.fromarray(q, "LA" if C == 1 else "RGBA")
     return Image.fromarray(q[..., 0] if C == 1 else q, "L" if C == 1 else "RGB")
 
@@ -189,12 +236,22 @@ def write_image(path: str | Path, data: np.ndarray, like: LoadedImage | None = N
     alpha = like.alpha if like is not None else None
     if alpha is not None and alpha.shape != data.shape[1:]:
         alpha = None
-    image = to_pil(data, depth, alpha)
+    if needs_png16(data.shape[0], depth, alpha):
+        if not is_stdio(path) and Path(path).suffix.lower() != ".png":
+            raise ImageError(f"{path}: a 16-bit colour or alpha image can only be written as .png "
+                             "(other formats would lose its depth)")
+        image = encode_png16(data, alpha)
+    else:
+        image = to_pil(data, depth, alpha)
     if is_stdio(path):
-        buf = io.BytesIO()
-        image.save(buf, format="PNG")
+        if isinstance(image, bytes):
+            payload = image
+        else:
+            buf = io.BytesIO()
+            image.save(buf, format="PNG")
+            payload = buf.getvalue()
         try:
-            sys.stdout.buffer.write(buf.getvalue())
+            sys.stdout.buffer.write(payload)
             sys.stdout.buffer.flush()
         except OSError as e:  # e.g. the reading end of the pipe went away
             raise ImageError(f"<stdout>: cannot write ({e.strerror or e})") from None
