@@ -56,10 +56,11 @@ def _unfilter(filtered: np.ndarray, types: np.ndarray) -> np.ndarray:
     h, w, bpp = filtered.shape
     if types.max(initial=0) > 4:
         raise PNGError(f"unknown row filter {int(types.max())}")
-    raw = np.zeros((h + 1, w + 1, bpp), np.int16)  # a zero row above and a zero column left
-    F = filtered  # uint8; widened a row or a diagonal at a time, to keep memory at one int16 copy
-    simple = types <= 2
-    if simple.all():  # None, Sub, Up only: row by row, each row one vector step
+    # a zero row above and a zero column left; bytes are widened to int16 a row or a diagonal at
+    # a time, so that a 24-megapixel image needs one byte copy, not an int16 one
+    raw = np.zeros((h + 1, w + 1, bpp), np.uint8)
+    F = filtered
+    if (types <= 2).all():  # None, Sub, Up only: row by row, each row one vector step
         for r in range(h):
             t = types[r]
             if t == 0:
@@ -68,21 +69,21 @@ def _unfilter(filtered: np.ndarray, types: np.ndarray) -> np.ndarray:
                 raw[r + 1, 1:] = np.cumsum(F[r], axis=0, dtype=np.int64) & 255
             else:
                 raw[r + 1, 1:] = (F[r].astype(np.int16) + raw[r, 1:]) & 255
-        return raw[1:, 1:].astype(np.uint8)
+        return raw[1:, 1:]
     t_row = types.astype(np.int8)
     for k in range(h + w - 1):  # anti-diagonal r + x = k
         r = np.arange(max(0, k - w + 1), min(h - 1, k) + 1)
         x = k - r
-        a = raw[r + 1, x]        # left
-        b = raw[r, x + 1]        # up
-        c = raw[r, x]            # up-left
+        a = raw[r + 1, x].astype(np.int16)  # left
+        b = raw[r, x + 1].astype(np.int16)  # up
+        c = raw[r, x].astype(np.int16)      # up-left
         t = t_row[r][:, None]
         p = a + b - c
         pa, pb, pc = np.abs(p - a), np.abs(p - b), np.abs(p - c)
         paeth = np.where((pa <= pb) & (pa <= pc), a, np.where(pb <= pc, b, c))
         pred = np.select([t == 0, t == 1, t == 2, t == 3], [0, a, b, (a + b) >> 1], paeth)
         raw[r + 1, x + 1] = (F[r, x].astype(np.int16) + pred) & 255
-    return raw[1:, 1:].astype(np.uint8)
+    return raw[1:, 1:]
 
 
 def decode(data: bytes) -> np.ndarray:
@@ -114,7 +115,7 @@ def decode(data: bytes) -> np.ndarray:
         raise PNGError("truncated image data")
     rows = np.frombuffer(raw, np.uint8, h * stride).reshape(h, stride)
     pixels = _unfilter(rows[:, 1:].reshape(h, w, bpp), rows[:, 0])
-    out = pixels.reshape(h, w * bpp).view(">u2").reshape(h, w, SAMPLES[ctype]).astype(np.uint16)
+    out = np.ascontiguousarray(pixels).view(">u2").reshape(h, w, SAMPLES[ctype]).astype(np.uint16)
     return _upright(out, exif)
 
 
@@ -131,16 +132,23 @@ def _upright(a: np.ndarray, exif: bytes | None) -> np.ndarray:
     return np.ascontiguousarray(op(a)) if op else a
 
 
-def encode(pixels: np.ndarray, level: int = 6) -> bytes:
-    """(h, w, 2 | 3 | 4) uint16 -> a 16-bit gray+alpha, RGB or RGBA PNG (Sub filter on every row)."""
+def encode(pixels: np.ndarray, level: int = 6, rows_per_block: int = 256) -> bytes:
+    """(h, w, 2 | 3 | 4) uint16 -> a 16-bit gray+alpha, RGB or RGBA PNG (Sub filter on every row).
+    Rows are filtered and compressed in blocks, so the temporaries stay small."""
     h, w, n = pixels.shape
     ctype = {2: 4, 3: 2, 4: 6}[n]
     b = np.ascontiguousarray(pixels, dtype=">u2").view(np.uint8).reshape(h, w, 2 * n)
-    sub = b.copy()
-    sub[:, 1:] -= b[:, :-1]  # uint8 arithmetic wraps mod 256, as the filter is defined
-    rows = np.concatenate([np.ones((h, 1), np.uint8), sub.reshape(h, -1)], axis=1)
+    z = zlib.compressobj(level)
+    parts = []
+    for r0 in range(0, h, rows_per_block):
+        blk = b[r0:r0 + rows_per_block]
+        sub = blk.copy()
+        sub[:, 1:] -= blk[:, :-1]  # uint8 arithmetic wraps mod 256, as the filter is defined
+        rows = np.concatenate([np.ones((len(blk), 1), np.uint8), sub.reshape(len(blk), -1)], axis=1)
+        parts.append(z.compress(rows.tobytes()))
+    parts.append(z.flush())
 
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
     return (SIGNATURE + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, ctype, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows.tobytes(), level)) + chunk(b"IEND", b""))
+            + chunk(b"IDAT", b"".join(parts)) + chunk(b"IEND", b""))
