@@ -113,6 +113,8 @@ def _read_png16(data: bytes, name: str, path: Path) -> LoadedImage:
                          f"{Image.MAX_IMAGE_PIXELS:,})")
     try:
         pixels = png16.decode(data)
+    except png16.PNGUnsupported as e:
+        raise ImageError(f"{name}: {e}") from None
     except png16.PNGError as e:
         raise ImageError(f"{name}: corrupt or truncated image ({e})") from None
     has_alpha = pixels.shape[2] in (2, 4)

@@ -32,6 +32,10 @@ class PNGError(ValueError):
     """A PNG this module cannot decode (message without the file name)."""
 
 
+class PNGUnsupported(PNGError):
+    """A valid PNG of a kind this module does not read (interlaced)."""
+
+
 def handles(bit_depth: int, colour_type: int) -> bool:
     """True for the PNG kinds that Pillow would reduce to 8 bits and this module reads."""
     return bit_depth == 16 and colour_type in SAMPLES
@@ -104,7 +108,7 @@ def decode(data: bytes) -> np.ndarray:
     if not handles(depth, ctype):
         raise PNGError(f"bit depth {depth}, colour type {ctype} is not a 16-bit colour/alpha PNG")
     if interlace:
-        raise PNGError("interlaced 16-bit colour PNG is not supported; save it without interlacing")
+        raise PNGUnsupported("interlaced 16-bit colour PNG is not supported; save it without interlacing")
     bpp = 2 * SAMPLES[ctype]
     try:
         raw = zlib.decompress(b"".join(idat))
