@@ -76,7 +76,6 @@ def read_image(path: str | Path) -> LoadedImage:
         if not data:
             raise ImageError(f"{name}: empty input (0 bytes)")
         head, source = data[:26], io.BytesIO(data)
-        file_bytes = data
     else:
         name = str(path)
         if not path.exists():
@@ -87,10 +86,10 @@ def read_image(path: str | Path) -> LoadedImage:
             raise ImageError(f"{path}: empty file (0 bytes)")
         with open(path, "rb") as f:
             head = f.read(26)
-        source, file_bytes = path, None
+        source, data = path, None
     png = _png_colour_depth(head)
     if png and png16.handles(*png):
-        return _read_png16(file_bytes if file_bytes is not None else path.read_bytes(), name, path)
+        return _read_png16(data if data is not None else path.read_bytes(), name, path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

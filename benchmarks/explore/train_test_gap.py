@@ -22,18 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common import ffdnet_method, indeed_method  # noqa: E402
 from indeed_cli.imageio import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr  # noqa: E402
+from indeed_cli.training import load_images  # noqa: E402
 
 
 def training_draw(bsds: Path, n: int, seed: int = 0) -> list[tuple[str, np.ndarray]]:
     names = [ln.strip() for ln in (bsds / "CBSD432_list.txt").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
     pick = sorted(np.random.default_rng(seed).choice(len(names), n, replace=False))
-    out = []
-    for i in pick:
-        x = read_image(bsds / names[i]).data
-        g = 0.299 * x[0] + 0.587 * x[1] + 0.114 * x[2]  # as training.load_images, incl. 8-bit rounding
-        out.append((Path(names[i]).stem, (np.round(g * 255) / 255).astype(np.float32)[None]))
-    return out
+    grays = load_images([bsds / names[i] for i in pick], channels=1)  # exactly as training makes them
+    return [(Path(names[i]).stem, g.numpy().astype(np.float32) / 255) for i, g in zip(pick, grays)]
 
 
 def main() -> None:
