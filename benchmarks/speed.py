@@ -31,9 +31,10 @@ def main() -> None:
     ap.add_argument("--task", default="denoise", choices=["denoise", "detect"])
     ap.add_argument("--batch", default="8")
     ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--overlap", type=int, default=32)
+    ap.add_argument("--overlap", default="32", help="tile overlap(s), e.g. 32,16")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile the network first (compile time not counted)")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape (warm-up pays it)")
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's top operations (last setting)")
     a = ap.parse_args()
     if a.task == "detect":
@@ -46,29 +47,31 @@ def main() -> None:
         ck = load_model(a.weights, a.channels, a.device)
         run = denoise
     dev = next(ck.model.parameters()).device
+    torch.backends.cudnn.benchmark = a.cudnn_benchmark
     if a.compile:  # the warm-up run below pays the compilation
         ck.model.forward = torch.compile(ck.model.forward, dynamic=False)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"Command: `python {' '.join(sys.argv)}`  \nDevice: {name}, torch {torch.__version__}\n")
-    print("| size | batch | precision | s / image | MP/s |\n|---|---|---|---|---|")
+    print("| size | overlap | batch | precision | s / image | MP/s |\n|---|---|---|---|---|---|")
     for size in a.size:
         h, w = (int(v) for v in size.split("x")) if "x" in size else (int(size), int(size))
         y = np.random.default_rng(0).random((a.channels, h, w), dtype=np.float32)
-        for b in map(int, a.batch.split(",")):
-            for p in a.precision.split(","):
-                o = InferenceOptions(overlap=a.overlap, batch=b, precision=p)
+        settings = [(ov, b, p) for ov in map(int, a.overlap.split(",")) for b in map(int, a.batch.split(","))
+                    for p in a.precision.split(",")]
+        for ov, b, p in settings:
+            o = InferenceOptions(overlap=ov, batch=b, precision=p)
+            run(ck, y, o)
+            ts = []
+            for _ in range(a.reps):
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t = time.perf_counter()
                 run(ck, y, o)
-                ts = []
-                for _ in range(a.reps):
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize()
-                    t = time.perf_counter()
-                    run(ck, y, o)
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize()
-                    ts.append(time.perf_counter() - t)
-                s = float(np.median(ts))
-                print(f"| {h}x{w} | {b} | {p} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t)
+            s = float(np.median(ts))
+            print(f"| {h}x{w} | {ov} | {b} | {p} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
     print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     if a.profile:  # where one run's time goes: CPU-side work vs device kernels and copies
         from torch.profiler import ProfilerActivity, profile

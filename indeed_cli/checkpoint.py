@@ -17,6 +17,7 @@ Resolution order of a ``--weights`` value (docs/checkpoints.md):
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -47,6 +48,33 @@ class Checkpoint:
     training: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     source: str = ""
+    _bf16: tuple | None = field(default=None, repr=False, compare=False)  # (weights fingerprint, network)
+
+    def network(self, precision: str = "fp32") -> InDeed:
+        """The network that runs inference at ``precision``.
+
+        fp32: ``model`` itself.  bf16: a bf16 copy of it, run without autocast.  Autocast would
+        cast every weight on every call and run GroupNorm in fp32 with casts in and out; on an
+        H100 the copy made the gray model 11% faster at the same PSNR (docs/benchmarks.md).  The
+        copy is made once and made again when ``model``'s weights change (an in-place update
+        bumps a tensor's version counter).  A compiled ``model.forward`` (``--compile``) gets a
+        compiled copy: the copied attribute would run the fp32 original.
+        """
+        if precision == "fp32":
+            return self.model
+        if precision != "bf16":
+            raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+        params = list(self.model.parameters())
+        if params and params[0].dtype == torch.bfloat16:
+            return self.model
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if self._bf16 is None or self._bf16[0] != key:
+            net = copy.deepcopy(self.model).to(torch.bfloat16)
+            compiled = net.__dict__.pop("forward", None) is not None
+            if compiled:
+                net.forward = torch.compile(net.forward, dynamic=False)
+            self._bf16 = (key, net)
+        return self._bf16[1]
 
 
 def weights_dir() -> Path:

@@ -42,6 +42,9 @@ class LossWeights:
     sigma0: float = 1e5
     tau: float = 1.0
     bayesian: bool = True
+    # denoising: > 0 scales each patch's sigma0 by ref / max(sigma, ref / 5) (sigma in 8-bit units),
+    # so that low-noise patches, whose errors are small, weigh more; 0 = the paper's constant sigma0
+    sigma0_noise_ref: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ colour channel.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -49,7 +48,7 @@ class InferenceOptions:
     tile: int = 128
     overlap: int = 32
     batch: int | None = None  # default: 8 on CPU, 256 on GPU (docs/benchmarks.md)
-    precision: str = "fp32"  # fp32 or bf16 (autocast)
+    precision: str = "fp32"  # fp32, or bf16 (a bf16 copy of the network: Checkpoint.network)
 
     def batch_for(self, device: torch.device) -> int:
         return self.batch or (256 if device.type == "cuda" else 8)
@@ -82,14 +81,6 @@ class Decomposed:
                 "l_fid": float(t["l_fid"].mean()), "tiles": [int(n.shape[0]), int(n.shape[1])]}
 
 
-def _autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if precision != "fp32":
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
-    return contextlib.nullcontext()
-
-
 def _channel_adapter(model_c: int, image_c: int):
     """(to_model, from_model) functions on (B, C, h, w) batches."""
     if model_c == image_c:
@@ -106,9 +97,10 @@ def _channel_adapter(model_c: int, image_c: int):
     raise ValueError(f"cannot run a {model_c}-channel model on a {image_c}-channel image")
 
 
-def _tile_decompose(ckpt: Checkpoint, image_c: int, outputs: str) -> Callable:
-    """Per-tile function; ``outputs`` is "denoise" (L + S), "sparse" (mu_S) or "full" (all maps)."""
-    model, priors = ckpt.model, ckpt.config.priors
+def _tile_decompose(ckpt: Checkpoint, image_c: int, outputs: str, precision: str = "fp32") -> Callable:
+    """Per-tile function; ``outputs`` is "denoise" (L + S), "sparse" (mu_S) or "full" (all maps).
+    Tiles stay fp32 at any precision: the network casts them where its weights are bf16."""
+    model, priors = ckpt.network(precision), ckpt.config.priors
     to_model, from_model = _channel_adapter(ckpt.config.channels, image_c)
 
     def fn(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -159,8 +151,8 @@ def _run(ckpt: Checkpoint, data: np.ndarray, outputs: str, opts: InferenceOption
     device = next(ckpt.model.parameters()).device
     if opts.tile % ckpt.config.multiple:
         raise ValueError(f"--tile must be a multiple of {ckpt.config.multiple}")
-    fn = _tile_decompose(ckpt, data.shape[0], outputs)
-    with torch.inference_mode(), _autocast(device, opts.precision):
+    fn = _tile_decompose(ckpt, data.shape[0], outputs, opts.precision)
+    with torch.inference_mode():
         return tiled_apply(fn, torch.from_numpy(data), opts.tile, opts.overlap, opts.batch_for(device),
                            device=device, progress=progress)
 

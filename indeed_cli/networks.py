@@ -92,7 +92,8 @@ class LowRankModule(nn.Module):
         self.factor_B = FactorHead(w, C, cfg.rank, cfg.groups)
 
     def forward(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        feats = self.trunk(self.stem(F.pixel_unshuffle(Y, 2)))
+        # the input in the weights' precision (a no-op for fp32; bf16 inference, Checkpoint.network)
+        feats = self.trunk(self.stem(F.pixel_unshuffle(Y, 2).to(self.stem.weight.dtype)))
         mu_A, sigma_A = self.factor_A(feats, axis=2)
         mu_B, sigma_B = self.factor_B(feats, axis=3)
         return mu_A, sigma_A, mu_B, sigma_B
@@ -124,8 +125,8 @@ class SparseModule(nn.Module):
             if L is None:
                 raise ValueError("this sparse module also needs the low-rank part A B^T")
             R = torch.cat([R, L], 1)
-        # the input in the weights' precision: bf16 weights (grouped adaptation in bf16) get a bf16
-        # copy of the fp32 residual, as autocast would give them; a no-op otherwise
+        # the input in the weights' precision: bf16 weights (grouped adaptation in bf16, bf16
+        # inference) get a bf16 copy of the fp32 residual, as autocast would give them; a no-op otherwise
         x = self.stem(F.pixel_unshuffle(R, 2).to(self.stem.weight.dtype))
         skips = []
         for enc, down in zip(self.enc, self.down):

@@ -153,6 +153,15 @@ def add_noise(clean: torch.Tensor, sigma_max: float, clip_prob: float, generator
 
 
 # ------------------------------------------------------------------ objective
+def noise_level_weights(sigma: torch.Tensor, ref: float) -> torch.Tensor:
+    """Per-patch factors of sigma0 (``--sigma0-noise-ref``): ref / max(sigma, ref / 5), sigma and ref in
+    8-bit units.  Under a constant sigma0 the squared error of a patch at sigma = 75 is about seven
+    times that of one at sigma = 15, so low noise levels get little of the gradient; this gives
+    them weight in proportion to 1/sigma, capped at 5 (docs/benchmarks.md measured it)."""
+    s = sigma * 255.0
+    return ref / torch.clamp(s, min=ref / 5.0)
+
+
 def training_loss(model: torch.nn.Module, Y: torch.Tensor, targets: dict[str, torch.Tensor],
                   task: str, weights: LossWeights, priors) -> tuple[torch.Tensor, dict[str, float]]:
     """Eq. (network loss function): l_fid + l_sup + l_rank + l_sparse + tau * l_orth, per pixel.
@@ -163,6 +172,8 @@ def training_loss(model: torch.nn.Module, Y: torch.Tensor, targets: dict[str, to
     terms = P.elbo_terms(d, Y.float(), priors)
     if task == "denoise":
         sup = P.denoise_supervision_loss(d.L_hat, d.S_hat, targets["clean"], weights.sigma0)
+        if weights.sigma0_noise_ref > 0:
+            sup = sup * noise_level_weights(targets["sigma"].to(sup.device), weights.sigma0_noise_ref)
     else:
         sup = P.anomaly_supervision_loss(d.L_hat, d.S_hat, targets["normal"], targets["anomaly"], weights.sigma0)
     per_px = float(Y[0].numel())
@@ -450,8 +461,8 @@ def _max_over_ranks(code: int, dev: torch.device) -> int:
 
 def _denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):
     clean = sampler.sample(n)
-    noisy, _ = add_noise(clean, tc.sigma_max, tc.clip_prob, gen)
-    return noisy, {"clean": clean}
+    noisy, sigma = add_noise(clean, tc.sigma_max, tc.clip_prob, gen)
+    return noisy, {"clean": clean, "sigma": sigma}
 
 
 def detect_batch_fn(textures: list[torch.Tensor] | None = None, anomaly_cfg=None) -> Callable:

@@ -182,7 +182,9 @@ def test_models_shows_deployment_thresholds(run_cli, tmp_path, monkeypatch):
     from conftest import tiny_model
     from indeed_cli.checkpoint import save_checkpoint
     wdir = tmp_path / "w"
-    save_checkpoint(wdir / "den.safetensors", tiny_model(3), {}, {"ood": {"threshold": 0.25, "points": [[0, 0]]}})
+    # a fine-tuned model: the table shows all its steps (total_steps), not its last run's
+    save_checkpoint(wdir / "den.safetensors", tiny_model(3), {"steps": 4321, "total_steps": 98765},
+                    {"ood": {"threshold": 0.25, "points": [[0, 0]]}})
     save_checkpoint(wdir / "det.safetensors", tiny_model(1, task="detect"), {}, {"detect": {"threshold": 0.5}})
     save_checkpoint(wdir / "raw.safetensors", tiny_model(1), {})
     monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(wdir))
@@ -195,6 +197,7 @@ def test_models_shows_deployment_thresholds(run_cli, tmp_path, monkeypatch):
     assert rows["raw"]["ood_threshold"] is None and "points" not in out
     code, out, _ = run_cli("models")
     assert code == 0 and "ood 0.25" in out and "anomaly 0.5" in out
+    assert "98765" in out and "4321" not in out
 
 
 @pytest.fixture

@@ -84,3 +84,28 @@ def test_per_tile_outputs_keep_grid_order_for_any_batch(batch):
     expect = torch.stack([g.cut(img, y, x).mean((1, 2)) for y, x in g.positions()]).reshape(*g.shape, 2)
     assert torch.allclose(grids["mean"], expect, atol=1e-6)
     assert torch.allclose(maps["x"], img, atol=1e-6)
+
+
+def test_bf16_inference_runs_a_bf16_copy_close_to_fp32_and_follows_weight_changes():
+    """--precision bf16 runs a bf16 copy of the network (Checkpoint.network): close to fp32 but not
+    equal to it; the fp32 network is left as it was; a change of the weights reaches the copy."""
+    from indeed_cli.checkpoint import Checkpoint
+    m = tiny_model(1)
+    ck = Checkpoint(m, m.cfg)
+    img = np.random.default_rng(2).random((1, 70, 90)).astype(np.float32)
+    fp32 = denoise(ck, img, InferenceOptions(tile=64, overlap=16))
+    bf16 = denoise(ck, img, InferenceOptions(tile=64, overlap=16, precision="bf16"))
+    assert bf16.dtype == np.float32 and bf16.shape == img.shape
+    assert not np.array_equal(bf16, fp32)
+    np.testing.assert_allclose(bf16, fp32, atol=0.05)
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+    net = ck.network("bf16")
+    assert net is not m and ck.network("bf16") is net  # made once
+    assert all(p.dtype == torch.bfloat16 for p in net.parameters())
+    with torch.no_grad():
+        m.sparse.head.bias.add_(0.25)  # in place, as an optimiser or load_state_dict would
+    assert ck.network("bf16") is not net
+    moved = denoise(ck, img, InferenceOptions(tile=64, overlap=16, precision="bf16"))
+    assert np.abs(moved - bf16).mean() > 0.1
+    with pytest.raises(ValueError):
+        ck.network("fp16")

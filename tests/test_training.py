@@ -9,6 +9,7 @@ import torch
 from conftest import tiny_config, write_png
 from indeed_cli.training import (PatchSampler, TrainConfig, add_noise, has_state, lr_at, load_state, save_state,
                                  train, training_loss)
+from indeed_cli import posteriors as P
 from indeed_cli.config import LossWeights
 from indeed_cli.networks import InDeed
 
@@ -61,6 +62,30 @@ def test_loss_decreases_on_a_fixed_batch():
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     _, parts = training_loss(m, noisy, {"clean": clean}, "denoise", LossWeights(bayesian=False), m.cfg.priors)
     assert set(parts) == {"sup", "orth"}
+
+
+def test_noise_level_weights_scale_each_patch_supervision():
+    """--sigma0-noise-ref: patch i's l_sup is multiplied by ref / max(sigma_i, ref / 5)."""
+    from indeed_cli.training import noise_level_weights
+    sigma = torch.tensor([1.0, 5.0, 15.0, 25.0, 75.0]) / 255.0
+    np.testing.assert_allclose(noise_level_weights(sigma, 25.0).numpy(), [5, 5, 25 / 15, 1, 1 / 3], rtol=1e-5)
+    torch.manual_seed(0)
+    m = InDeed(tiny_config(1)).eval()
+    clean = torch.rand(2, 1, 32, 32)
+    g = torch.Generator().manual_seed(0)
+    noisy, sig = add_noise(clean, 75, 0.0, g)
+    targets = {"clean": clean, "sigma": sig}
+    parts = {}
+    for ref in (0.0, 25.0):
+        torch.manual_seed(1)  # the same reparameterisation draws for both
+        _, parts[ref] = training_loss(m, noisy, targets, "denoise", LossWeights(sigma0_noise_ref=ref), m.cfg.priors)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        d = m(noisy, sample=True).float()
+    per_patch = P.denoise_supervision_loss(d.L_hat, d.S_hat, clean, LossWeights().sigma0) / clean[0].numel()
+    assert parts[0.0]["sup"] == pytest.approx(float(per_patch.mean()), rel=1e-5)
+    assert parts[25.0]["sup"] == pytest.approx(float((per_patch * noise_level_weights(sig, 25.0)).mean()), rel=1e-5)
+    assert parts[25.0]["fid"] == pytest.approx(parts[0.0]["fid"], rel=1e-6)  # only l_sup changes
 
 
 def test_state_round_trip(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from indeed_cli import denoise, load_model  # noqa: E402
+from indeed_cli import InferenceOptions, denoise, load_model  # noqa: E402
 from indeed_cli.imageio import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr  # noqa: E402
 
@@ -27,6 +27,7 @@ ap.add_argument("--sigmas", default="15,25,50")
 ap.add_argument("--weights", action="append", required=True, help="NAME=WEIGHTS")
 ap.add_argument("--device", default="auto")
 ap.add_argument("--channels", type=int, default=1, help="1: gray models (Set12, BSD68); 3: colour (CBSD68, Kodak24)")
+ap.add_argument("--overlaps", default="32", help="tile overlaps to score each model with, e.g. 32,16 (one row each)")
 a = ap.parse_args()
 sigmas = [float(s) for s in a.sigmas.split(",")]
 sets = a.sets.split(",")
@@ -40,10 +41,13 @@ print("|---|" + "---|" * len(cols))
 for spec in a.weights:
     label, w = spec.split("=", 1)
     ck = load_model(w, a.channels, a.device)
-    cells = []
-    for name in sets:
-        for s in sigmas:
-            ps = [psnr(denoise(ck, add_awgn(x, s, image_seed(f, s))), x) for f, x in data[name]]
-            cells.append(f"{np.mean(ps):.3f}")
-    print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+    for ov in map(int, a.overlaps.split(",")):
+        opts = InferenceOptions(overlap=ov)
+        cells = []
+        for name in sets:
+            for s in sigmas:
+                ps = [psnr(denoise(ck, add_awgn(x, s, image_seed(f, s)), opts), x) for f, x in data[name]]
+                cells.append(f"{np.mean(ps):.3f}")
+        tag = label if a.overlaps == "32" else f"{label}, overlap {ov}"
+        print(f"| {tag} | " + " | ".join(cells) + " |", flush=True)
 print("\nCommand: python " + " ".join(sys.argv))

@@ -36,7 +36,7 @@ Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N
 Tile = Annotated[int, typer.Option("--tile", min=16, help="Tile size in pixels (multiple of 8).")]
 Overlap = Annotated[int, typer.Option("--overlap", min=0, help="Overlap between tiles in pixels.")]
 Batch = Annotated[Optional[int], typer.Option("--batch", min=1, help="Tiles per device batch (default 8 CPU, 256 GPU).")]
-Precision = Annotated[str, typer.Option("--precision", help="fp32, or bf16 autocast (GPUs; CPUs with AMX or AVX512-BF16).")]
+Precision = Annotated[str, typer.Option("--precision", help="fp32, or bf16 (GPUs; CPUs with AMX or AVX512-BF16): a bf16 copy of the network.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON line per image on stdout.")]
 Force = Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]

@@ -23,7 +23,7 @@ def models_cmd(json_out: Json = False) -> None:
         t = r.get("training", {})
         val = t.get("validation", {}).get("psnr_s25")
         table.add_row(r["name"], r["origin"], str(r.get("task", r.get("error", "?"))), str(r.get("channels", "")),
-                      str(r.get("rank", "")), str(t.get("steps", "")), f"{val:.2f}" if val else "",
+                      str(r.get("rank", "")), str(t.get("total_steps", t.get("steps", ""))), f"{val:.2f}" if val else "",
                       _threshold(r), str(r["size_mb"]), r["path"])
     Console().print(table)
 

@@ -44,6 +44,9 @@ def train_cmd(
     lowrank_width: Annotated[int, typer.Option("--lowrank-width")] = 32,
     sigma0: Annotated[float, typer.Option("--sigma0", help="Precision of the supervision likelihood.")] = 1e5,
     no_bayes: Annotated[bool, typer.Option("--no-bayes", help="Drop l_fid, l_rank, l_sparse (ablation #9).")] = False,
+    sigma0_noise_ref: Annotated[float, typer.Option("--sigma0-noise-ref", help="denoise: scale each patch's sigma0 by "
+                                                    "REF/max(sigma, REF/5) (8-bit units), weighting low noise more; "
+                                                    "0 = constant sigma0 (the paper).")] = 0.0,
     time_limit: Annotated[float, typer.Option("--time-limit", help="Stop cleanly after this many seconds (0 = none).")] = 0,
     time_budget: Annotated[float, typer.Option("--time-budget", help="Total training seconds across resumes; the LR schedule follows it.")] = 0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
@@ -103,7 +106,7 @@ def train_cmd(
                            f"{channels}-channel {task} one", 3)
     tc = TrainConfig(task=task, steps=steps, batch=batch, patch=patch, lr=lr, sigma_max=sigma_max, clip_prob=clip_prob,
                      seed=seed, time_limit=time_limit, time_budget=time_budget, log_every=log_every, val_every=val_every,
-                     losses=LossWeights(sigma0=sigma0, bayesian=not no_bayes), init=init_path,
+                     losses=LossWeights(sigma0=sigma0, bayesian=not no_bayes, sigma0_noise_ref=sigma0_noise_ref), init=init_path,
                      deterministic=deterministic)
     typer.echo(f"training on {len(paths)} images, validating on {len(val_paths)}", err=True)
     facts = {"task": task, "data": [str(d) for d in data], "n_train": len(paths), "n_val": len(val_paths)}
