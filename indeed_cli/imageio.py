@@ -230,6 +230,19 @@ def atomic_write_via(path: str | Path, writer) -> Path:
     return path
 
 
+def _require_png(path: str | Path) -> None:
+    if not is_stdio(path) and Path(path).suffix.lower() != ".png":
+        raise ImageError(f"{path}: a 16-bit colour or alpha image can only be written as .png "
+                         "(other formats would lose its depth)")
+
+
+def check_output_format(path: str | Path, like: LoadedImage) -> None:
+    """Refuse, before any work, an output file whose format cannot hold ``like`` at its depth
+    (write_image would refuse it only after the image was computed)."""
+    if needs_png16(like.channels, like.bit_depth, like.alpha):
+        _require_png(path)
+
+
 def write_image(path: str | Path, data: np.ndarray, like: LoadedImage | None = None, bit_depth: int | None = None) -> Path:
     """Write (C, h, w) [0, 1] data with the depth and alpha of ``like``; ``-`` writes a PNG to
     standard output."""
@@ -238,9 +251,7 @@ def write_image(path: str | Path, data: np.ndarray, like: LoadedImage | None = N
     if alpha is not None and alpha.shape != data.shape[1:]:
         alpha = None
     if needs_png16(data.shape[0], depth, alpha):
-        if not is_stdio(path) and Path(path).suffix.lower() != ".png":
-            raise ImageError(f"{path}: a 16-bit colour or alpha image can only be written as .png "
-                             "(other formats would lose its depth)")
+        _require_png(path)
         image = encode_png16(data, alpha)
     else:
         image = to_pil(data, depth, alpha)

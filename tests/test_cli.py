@@ -135,7 +135,7 @@ def test_16bit_and_alpha_round_trip_through_denoise(run_cli, tmp_path, rng, ckpt
     assert np.array_equal(np.asarray(out)[..., 3], np.asarray(Image.open(rgba))[..., 3])
 
 
-def test_16bit_colour_with_alpha_through_denoise(run_cli, tmp_path, rng, ckpt_paths):
+def test_16bit_colour_with_alpha_through_denoise(run_cli, tmp_path, rng, ckpt_paths, monkeypatch):
     from indeed_cli import png16
     a = rng.integers(0, 65536, (24, 30, 4), dtype=np.uint16)
     (tmp_path / "c16.png").write_bytes(png16.encode(a))
@@ -145,6 +145,11 @@ def test_16bit_colour_with_alpha_through_denoise(run_cli, tmp_path, rng, ckpt_pa
     back = png16.decode((tmp_path / "o.png").read_bytes())
     assert back.shape == a.shape and np.array_equal(back[..., 3], a[..., 3])  # alpha untouched, 16 bits
     assert ((back[..., :3] >> 8) != (back[..., :3] & 255)).any()  # not an 8-bit result scaled by 257
+    import indeed_cli.inference
+
+    def no_compute(*_, **__):
+        raise AssertionError("the image was denoised before its output format was refused")
+    monkeypatch.setattr(indeed_cli.inference, "tiled_apply", no_compute)
     code, _, err = run_cli("denoise", tmp_path / "c16.png", "-o", tmp_path / "o.tif", "-w", ckpt_paths[3])
     assert code != 0 and "only be written as .png" in err and not (tmp_path / "o.tif").exists()
 

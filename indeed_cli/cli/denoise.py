@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..adaptation import default_group
-from ..imageio import ImageError, is_stdio, read_image, write_image
+from ..imageio import ImageError, check_output_format, is_stdio, read_image, write_image
 from ..inference import decompose, denoise, n_tiles
 from ..ood import ood_features, ood_report
 from .common import (Compile, EXIT_FAILED, EXIT_WEIGHTS, Batch, CLIError, Device, Force, Json, ModelCache, Overlap,
@@ -81,6 +81,7 @@ def denoise_cmd(
         for src, dst in zip(paths, targets):
             try:
                 img = read_image(src)
+                check_output_format(dst, img)
             except ImageError as e:
                 writer.then(lambda src=src, e=e: failure(src, e))  # reported in input order
                 continue
