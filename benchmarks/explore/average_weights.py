@@ -4,7 +4,7 @@ fine-tunes that start from the same model stay in one basin, so their mean is of
     python benchmarks/explore/average_weights.py OUT.safetensors A.safetensors B.safetensors [...]
 
 The mean is taken in float32 over the models' tensors (all must share one config); the first
-checkpoint's training facts are kept, with the averaged runs' steps summed into ``soup_steps``.
+checkpoint's training facts are kept, with the averaged runs' sources and steps listed (``soup_of``, ``soup_steps``).
 """
 import sys
 
