@@ -184,8 +184,7 @@ def adapt_each(ckpt: Checkpoint, image_sets: list[list[np.ndarray]], cfg: AdaptC
     if cfg.steps is None:
         cfg = replace(cfg, steps=OAG_STEPS)
     device = next(ckpt.model.parameters()).device
-    model = copy.deepcopy(ckpt.model).float()
-    model.__dict__.pop("forward", None)  # a compiled forward (--compile) would run the original's weights
+    model = ckpt.model.detached_copy()
     model.requires_grad_(False)
     trainable = {id(p) for m in model.modules_for(cfg.modules) for p in m.parameters()}
     names = [n for n, p in model.named_parameters() if id(p) in trainable]

@@ -17,7 +17,6 @@ Resolution order of a ``--weights`` value (docs/checkpoints.md):
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -69,9 +68,8 @@ class Checkpoint:
             return self.model
         key = tuple((p.data_ptr(), p._version) for p in params)
         if self._bf16 is None or self._bf16[0] != key:
-            net = copy.deepcopy(self.model).to(torch.bfloat16)
-            compiled = net.__dict__.pop("forward", None) is not None
-            if compiled:
+            net = self.model.detached_copy(torch.bfloat16)
+            if "forward" in self.model.__dict__:  # compiled
                 net.forward = torch.compile(net.forward, dynamic=False)
             self._bf16 = (key, net)
         return self._bf16[1]

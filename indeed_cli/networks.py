@@ -13,6 +13,7 @@ U-Net without normalisation, so that it is a local operator and tiles agree.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -173,6 +174,13 @@ class InDeed(nn.Module):
         self.cfg = cfg
         self.lowrank = LowRankModule(cfg)
         self.sparse = SparseModule(cfg)
+
+    def detached_copy(self, dtype: torch.dtype = torch.float32) -> "InDeed":
+        """A deep copy in ``dtype`` that runs its own weights: a compiled ``forward`` (``--compile``)
+        is an attribute bound to this network, so the copy leaves it out."""
+        net = copy.deepcopy(self).to(dtype)
+        net.__dict__.pop("forward", None)
+        return net
 
     def modules_for(self, which: str) -> list[nn.Module]:
         """The modules InDeedAG may fine-tune: 'S', 'L' or 'LS' (paper §3.5)."""
