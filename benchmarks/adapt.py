@@ -13,6 +13,7 @@ the noisy input by scikit-image's wavelet estimator.  ``--rows-out`` / ``--from-
 rows measured on different machines (e.g. peers on the CPU, adaptation on a GPU) into one
 table.  Prints Markdown tables and the command that made them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,17 +27,24 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cbm3d_method, ffdnet_method  # noqa: E402
+
 from indeed_cli import InferenceOptions, decompose, denoise, load_model  # noqa: E402
-from indeed_cli.adaptation import AdaptConfig, adapt, adapt_each, default_group  # noqa: E402
-from indeed_cli.detection import auroc  # noqa: E402
-from indeed_cli.imageio import read_image  # noqa: E402
-from indeed_cli.metrics import add_awgn, image_seed, psnr, ssim  # noqa: E402
-from indeed_cli.ood import ood_features, ood_score  # noqa: E402
+from indeed_cli.io import read_image  # noqa: E402
+from indeed_cli.metrics import (  # noqa: E402
+    add_awgn,
+    auroc,  # noqa: E402
+    image_seed,
+    psnr,
+    ssim,
+)
+from indeed_cli.tasks.adaptation import AdaptConfig, adapt, adapt_each, default_group  # noqa: E402
+from indeed_cli.tasks.ood import ood_features, ood_score  # noqa: E402
 
 
 def estimate_sigma255(y: np.ndarray) -> float:
     """Noise sigma (8-bit units) of a noisy (C, h, w) image: scikit-image's wavelet MAD estimator."""
     from skimage.restoration import estimate_sigma
+
     if y.shape[0] == 1:
         return float(estimate_sigma(y[0])) * 255
     return float(estimate_sigma(y.transpose(1, 2, 0), channel_axis=-1, average_sigmas=True)) * 255
@@ -46,13 +54,14 @@ def pairs(folder: Path, limit: int | None, split: str = "all") -> list[tuple[Pat
     """Noisy/clean pairs sorted by name; ``split`` even/odd keeps every other pair (a dev/test split)."""
     out = [(p, p.with_name(p.name.replace("_real", "_mean"))) for p in sorted(folder.glob("*_real.*"))]
     if split != "all":
-        out = out[{"even": 0, "odd": 1}[split]::2]
+        out = out[{"even": 0, "odd": 1}[split] :: 2]
     return out[:limit] if limit else out
 
 
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch
+
         torch.cuda.synchronize()
 
 
@@ -81,7 +90,7 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str) -> l
     if method == "oag":  # a fresh adaptation per image, acfg.group images at a time (one batched network)
         group = acfg.group or default_group(ck_device(ck))
         for c in range(0, len(data), group):
-            chunk = data[c:c + group]
+            chunk = data[c : c + group]
             sync(device)
             t = time.perf_counter()
             results = adapt_each(ck, [[y] for _, y, _ in chunk], acfg)
@@ -90,10 +99,21 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str) -> l
             outs = [denoise(res.checkpoint, y, opts) for (_, y, _), res in zip(chunk, results)]
             sync(device)
             per_image = (time.perf_counter() - t) / len(chunk)  # amortised over the chunk
-            for (name, y, x), res, out in zip(chunk, results, outs):
-                rows.append({"method": method, "image": name, "psnr": psnr(out, x), "ssim": ssim(out, x),
-                             "seconds": per_image, "adapt_seconds": t_adapt / len(chunk), "group": len(chunk),
-                             "adapt_seconds_total": None, "best_step": res.best_step, "stop": res.stop})
+            for (name, _, x), res, out in zip(chunk, results, outs):
+                rows.append(
+                    {
+                        "method": method,
+                        "image": name,
+                        "psnr": psnr(out, x),
+                        "ssim": ssim(out, x),
+                        "seconds": per_image,
+                        "adapt_seconds": t_adapt / len(chunk),
+                        "group": len(chunk),
+                        "adapt_seconds_total": None,
+                        "best_step": res.best_step,
+                        "stop": res.stop,
+                    }
+                )
         return rows
     for name, y, x in data:
         sync(device)
@@ -101,8 +121,17 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str) -> l
         out = denoise(shared or ck, y, opts)
         sync(device)
         seconds = time.perf_counter() - t  # before the metrics: SSIM of a 512x512 image takes ~0.07 s
-        rows.append({"method": method, "image": name, "psnr": psnr(out, x), "ssim": ssim(out, x),
-                     "seconds": seconds, "adapt_seconds_total": adapt_s, **ag_info})
+        rows.append(
+            {
+                "method": method,
+                "image": name,
+                "psnr": psnr(out, x),
+                "ssim": ssim(out, x),
+                "seconds": seconds,
+                "adapt_seconds_total": adapt_s,
+                **ag_info,
+            }
+        )
     return rows
 
 
@@ -114,8 +143,16 @@ def run_peer(method: str, data, device: str) -> list[dict]:
         t = time.perf_counter()
         out = fn(y, s)
         seconds = time.perf_counter() - t
-        rows.append({"method": method, "image": name, "psnr": psnr(out, x), "ssim": ssim(out, x),
-                     "seconds": seconds, "sigma_est": s})
+        rows.append(
+            {
+                "method": method,
+                "image": name,
+                "psnr": psnr(out, x),
+                "ssim": ssim(out, x),
+                "seconds": seconds,
+                "sigma_est": s,
+            }
+        )
     return rows
 
 
@@ -123,13 +160,21 @@ def ood_rows(ck, data, clean_dir: Path, sigma: float, limit: int | None, opts) -
     ood = ck.extra.get("ood")
     if not ood:
         raise SystemExit("the checkpoint has no OOD statistics (indeed calibrate)")
-    rows = [{"method": "ood", "set": "real", "image": n, "ood_score": ood_score(ood_features(decompose(ck, y, opts)), ood)}
-            for n, y, _ in data]
+    rows = [
+        {"method": "ood", "set": "real", "image": n, "ood_score": ood_score(ood_features(decompose(ck, y, opts)), ood)}
+        for n, y, _ in data
+    ]
     clean = sorted(p for p in clean_dir.iterdir() if p.suffix.lower() in (".png", ".jpg", ".bmp", ".tif"))
     for p in clean[:limit] if limit else clean:
         y = add_awgn(read_image(p).data, sigma, image_seed(p.name, sigma))
-        rows.append({"method": "ood", "set": f"awgn{sigma:g}", "image": p.name,
-                     "ood_score": ood_score(ood_features(decompose(ck, y, opts)), ood)})
+        rows.append(
+            {
+                "method": "ood",
+                "set": f"awgn{sigma:g}",
+                "image": p.name,
+                "ood_score": ood_score(ood_features(decompose(ck, y, opts)), ood),
+            }
+        )
     for r in rows:
         r["threshold"] = ood["threshold"]
     return rows
@@ -144,9 +189,13 @@ def render(rows: list[dict]) -> None:
         q = [r for r in den if r["method"] == m]
         ss = [r["ssim"] for r in q if r.get("ssim") is not None]
         ad = q[0].get("adapt_seconds_total")
-        print(f"| {m} | {len(q)} | {np.mean([r['psnr'] for r in q]):.2f} | "
-              + (f"{np.mean(ss):.4f}" if ss else "-")
-              + f" | {np.mean([r['seconds'] for r in q]):.3f} | " + (f"{ad:.1f}" if ad else "-") + " |")
+        print(
+            f"| {m} | {len(q)} | {np.mean([r['psnr'] for r in q]):.2f} | "
+            + (f"{np.mean(ss):.4f}" if ss else "-")
+            + f" | {np.mean([r['seconds'] for r in q]):.3f} | "
+            + (f"{ad:.1f}" if ad else "-")
+            + " |"
+        )
     print()
     for m in ("ag-S", "ag-L", "ag-LS", "oag"):
         q = [r for r in den if r["method"] == m and "stop" in r]
@@ -158,8 +207,10 @@ def render(rows: list[dict]) -> None:
     q = [r for r in den if r["method"] == "oag" and r.get("adapt_seconds") is not None]
     if q:
         a_s, t_s = np.mean([r["adapt_seconds"] for r in q]), np.mean([r["seconds"] for r in q])
-        print(f"oag: up to {max(r['group'] for r in q)} images adapted at once; s / image, amortised: "
-              f"adaptation {a_s:.3f} + inference {t_s - a_s:.3f} = {t_s:.3f}  ")
+        print(
+            f"oag: up to {max(r['group'] for r in q)} images adapted at once; s / image, amortised: "
+            f"adaptation {a_s:.3f} + inference {t_s - a_s:.3f} = {t_s:.3f}  "
+        )
     ood = [r for r in rows if r["method"] == "ood"]
     if ood:
         real = np.array([r["ood_score"] for r in ood if r["set"] == "real"])
@@ -185,8 +236,12 @@ def main() -> None:
     ap.add_argument("--weights", default=None)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--limit", type=int, default=None, help="first N pairs only")
-    ap.add_argument("--split", default="all", choices=["all", "even", "odd"],
-                    help="every other pair by name: even = the set the adaptation settings were tuned on")
+    ap.add_argument(
+        "--split",
+        default="all",
+        choices=["all", "even", "odd"],
+        help="every other pair by name: even = the set the adaptation settings were tuned on",
+    )
     ap.add_argument("--steps", type=int, default=None, help="default: 20 for ag-*, 12 for oag (the CLI defaults)")
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-5 for ag-*, 3e-5 for oag (the CLI defaults)")
     ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change)
@@ -195,36 +250,58 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--infer-precision", default=None, help="inference precision (default: --precision)")
     ap.add_argument("--adapt-batch", type=int, default=AdaptConfig.batch, help="tiles per adaptation step")
-    ap.add_argument("--group", type=int, default=None,
-                    help="oag: images adapted at once as one batched network (default 16 on a GPU, 1 on a CPU)")
-    ap.add_argument("--train-stride", type=int, default=AdaptConfig.train_stride,
-                    help="step between training tiles; 0: non-overlapping (the tile size)")
+    ap.add_argument(
+        "--group",
+        type=int,
+        default=None,
+        help="oag: images adapted at once as one batched network (default 16 on a GPU, 1 on a CPU)",
+    )
+    ap.add_argument(
+        "--train-stride",
+        type=int,
+        default=AdaptConfig.train_stride,
+        help="step between training tiles; 0: non-overlapping (the tile size)",
+    )
     ap.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape")
     ap.add_argument("--rows-out", type=Path)
     ap.add_argument("--from-rows", type=Path, nargs="*", default=[])
     a = ap.parse_args()
     if a.cudnn_benchmark:
         import torch
+
         torch.backends.cudnn.benchmark = True
     rows = [json.loads(line) for f in a.from_rows for line in f.read_text().splitlines() if line.strip()]
     methods = [m for m in a.methods.split(",") if m]
     if a.data:
         data = [(n.name, read_image(n).data, read_image(c).data) for n, c in pairs(a.data, a.limit, a.split)]
-        rows += [{"method": "noisy input", "image": n, "psnr": psnr(y, x), "ssim": ssim(y, x), "seconds": 0.0}
-                 for n, y, x in data]
+        rows += [
+            {"method": "noisy input", "image": n, "psnr": psnr(y, x), "ssim": ssim(y, x), "seconds": 0.0}
+            for n, y, x in data
+        ]
         ck = load_model(a.weights, 3, a.device)
         dev = str(next(ck.model.parameters()).device)
         opts = InferenceOptions(precision=a.infer_precision or a.precision)
-        acfg = AdaptConfig(steps=a.steps, lr=a.lr, max_change=a.max_change, patience=a.patience, precision=a.precision,
-                           eval_every=a.eval_every, group=a.group, train_stride=a.train_stride or None,
-                           batch=a.adapt_batch)
+        acfg = AdaptConfig(
+            steps=a.steps,
+            lr=a.lr,
+            max_change=a.max_change,
+            patience=a.patience,
+            precision=a.precision,
+            eval_every=a.eval_every,
+            group=a.group,
+            train_stride=a.train_stride or None,
+            batch=a.adapt_batch,
+        )
         if any(m not in ("ffdnet", "cbm3d") for m in methods):
             warm_up(ck, data, opts, acfg, dev)
         for m in methods:
             t = time.perf_counter()
             new = run_peer(m, data, dev) if m in ("ffdnet", "cbm3d") else run_indeed(m, ck, data, opts, acfg, dev)
-            print(f"{m}: {time.perf_counter() - t:.1f} s, mean PSNR {np.mean([r['psnr'] for r in new]):.2f}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{m}: {time.perf_counter() - t:.1f} s, mean PSNR {np.mean([r['psnr'] for r in new]):.2f}",
+                file=sys.stderr,
+                flush=True,
+            )
             rows += new
         if a.ood_clean:
             rows += ood_rows(ck, data, a.ood_clean, a.ood_sigma, a.limit, opts)

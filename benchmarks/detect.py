@@ -10,10 +10,12 @@ and overall, for InDeed and two baselines side by side:
 
 Normal evaluation images are the MT_Free images that benchmarks/mt_split.py puts in 'eval'
 (never trained on, never used for the threshold), or those listed in ``--normal``.  Every map is
-smoothed the same way (indeed_cli.detection.anomaly_map_from_sparse) and scored by the same image
-score (``--score``, default the current one); network maps are read out at the checkpoint's scales (``--scales`` overrides them).
+smoothed the same way (indeed_cli.tasks.detection.anomaly_map_from_sparse) and scored by the same image
+score (``--score``, default the current one); network maps are read out at the checkpoint's scales
+(``--scales`` overrides them).
 Several detectors side by side: ``--weights NAME=PATH,NAME=PATH`` and ``--methods NAME,...``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,13 +29,21 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mt_split import split  # noqa: E402
-from indeed_cli.checkpoint import load_checkpoint  # noqa: E402
-from indeed_cli.cli.common import parse_scales  # noqa: E402
-from indeed_cli.detection import (DEFAULT_SCORE, SCORE_DEFINITIONS, anomaly_map_from_sparse, detect,  # noqa: E402
-                                  detection_metrics, image_score, load_mask, readout_scales)
-from indeed_cli.imageio import read_image  # noqa: E402
+
 from indeed_cli.inference import resolve_device  # noqa: E402
-from indeed_cli.training import list_images  # noqa: E402
+from indeed_cli.io import load_mask, read_image  # noqa: E402
+from indeed_cli.metrics import detection_metrics  # noqa: E402
+from indeed_cli.model import load_checkpoint  # noqa: E402
+from indeed_cli.pipelines import parse_scales  # noqa: E402
+from indeed_cli.tasks.detection import (  # noqa: E402
+    DEFAULT_SCORE,
+    SCORE_DEFINITIONS,
+    anomaly_map_from_sparse,
+    detect,
+    image_score,
+    readout_scales,
+)
+from indeed_cli.tasks.training import list_images  # noqa: E402
 
 DEFECTS = ["MT_Blowhole", "MT_Break", "MT_Crack", "MT_Fray", "MT_Uneven"]
 
@@ -68,13 +78,23 @@ def main() -> None:
     ap.add_argument("--weights", required=True, help="PATH (method 'indeed') or NAME=PATH,NAME=PATH,...")
     ap.add_argument("--nobayes", default=None)
     ap.add_argument("--methods", default="indeed,nobayes,rpca")
-    ap.add_argument("--normal", default=None, help="folder or .txt list of normal evaluation images "
-                    "(default: the 'eval' split of DATA/MT_Free)")
-    ap.add_argument("--scales", default=None, help="read-out scales for every network, e.g. 1,0.5,0.25 "
-                    "(default: each checkpoint's own)")
+    ap.add_argument(
+        "--normal",
+        default=None,
+        help="folder or .txt list of normal evaluation images (default: the 'eval' split of DATA/MT_Free)",
+    )
+    ap.add_argument(
+        "--scales",
+        default=None,
+        help="read-out scales for every network, e.g. 1,0.5,0.25 (default: each checkpoint's own)",
+    )
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--score", default=DEFAULT_SCORE, choices=sorted(SCORE_DEFINITIONS),
-                    help="image score for every method (default: the current one, whatever each checkpoint stores)")
+    ap.add_argument(
+        "--score",
+        default=DEFAULT_SCORE,
+        choices=sorted(SCORE_DEFINITIONS),
+        help="image score for every method (default: the current one, whatever each checkpoint stores)",
+    )
     ap.add_argument("--limit", type=int, default=0, help="first N images per folder (0 = all)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -116,8 +136,11 @@ def main() -> None:
             row[cls] = detection_metrics(maps, masks, scores, labels, sel)
         results[m] = row
         print(json.dumps({m: row["all"], "s/img": round(secs, 3)}), file=sys.stderr, flush=True)
-    print(f"Command: `python {' '.join(sys.argv)}`  \nNormal evaluation images: {sum(c == 'normal' for c, _ in items)}, "
-          f"defective: {sum(c != 'normal' for c, _ in items)} (masks binarised at 128; an image is anomalous when its mask is non-empty)\n")
+    print(
+        f"Command: `python {' '.join(sys.argv)}`  \nNormal evaluation images: {sum(c == 'normal' for c, _ in items)}, "
+        f"defective: {sum(c != 'normal' for c, _ in items)} "
+        "(masks binarised at 128; an image is anomalous when its mask is non-empty)\n"
+    )
     print("| method | subset | pixel AUROC | pixel AP | image AUROC |\n|---|---|---|---|---|")
     for m in methods:
         for cls in ["all"] + DEFECTS:

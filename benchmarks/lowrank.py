@@ -5,6 +5,7 @@ checkpoints side by side on the same noisy inputs (float AWGN, seed per image na
     python benchmarks/lowrank.py --data ../shared/data/denoise-test/CBSD68 --sigmas 25 \
         --weights weights/indeed-denoise-color.safetensors[,OTHER.safetensors]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from indeed_cli import InferenceOptions, decompose, load_model  # noqa: E402
-from indeed_cli.imageio import read_image  # noqa: E402
+from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr  # noqa: E402
 
 
@@ -45,8 +46,11 @@ def main() -> None:
                 pl.append(psnr(L, x))
                 pls.append(psnr(L + S, x))
                 ranks.append(d.stats()["rank_index"])
-            print(f"| {Path(w).name} | {s:g} | {len(cleans)} | {np.mean(pl):.2f} | {np.mean(pls):.2f} | {np.median(ranks):.0f} |",
-                  flush=True)
+            print(
+                f"| {Path(w).name} | {s:g} | {len(cleans)} | {np.mean(pl):.2f} | {np.mean(pls):.2f} "
+                f"| {np.median(ranks):.0f} |",
+                flush=True,
+            )
     print("\nCommand: python " + " ".join(sys.argv))
 
 

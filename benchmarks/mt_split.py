@@ -7,6 +7,7 @@ relative to OUT, with the images copied under OUT/MT_Free when --copy is given).
 
     python benchmarks/mt_split.py ../shared/data/anomaly/magnetic-tile/MT_Free OUT [--copy]
 """
+
 import shutil
 import sys
 from pathlib import Path

@@ -7,6 +7,7 @@
 Counts image pixels (not tile pixels) over wall time, after one warm-up run; the image
 stays on the CPU and tiles travel to the device, as in the CLI.  Also reports peak RSS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from indeed_cli import InferenceOptions, denoise, load_model  # noqa: E402
+from indeed_cli import InferenceOptions, denoise, detect, load_model  # noqa: E402
 
 
 def main() -> None:
@@ -34,32 +35,33 @@ def main() -> None:
     ap.add_argument("--overlap", default="32", help="tile overlap(s), e.g. 32,16")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile the network first (compile time not counted)")
-    ap.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape (warm-up pays it)")
+    ap.add_argument(
+        "--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape (warm-up pays it)"
+    )
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's top operations (last setting)")
     a = ap.parse_args()
     if a.task == "detect":
-        from indeed_cli.checkpoint import load_checkpoint, resolve_weights
-        from indeed_cli.detection import detect
-        from indeed_cli.inference import resolve_device
-        ck = load_checkpoint(resolve_weights(a.weights, a.channels, "detect"), resolve_device(a.device))
+        ck = load_model(a.weights, a.channels, a.device, task="detect")
         run = detect
     else:
         ck = load_model(a.weights, a.channels, a.device)
         run = denoise
     dev = next(ck.model.parameters()).device
     torch.backends.cudnn.benchmark = a.cudnn_benchmark
-    if a.compile:  # the warm-up run below pays the compilation
-        ck.model.forward = torch.compile(ck.model.forward, dynamic=False)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"Command: `python {' '.join(sys.argv)}`  \nDevice: {name}, torch {torch.__version__}\n")
     print("| size | overlap | batch | precision | s / image | MP/s |\n|---|---|---|---|---|---|")
     for size in a.size:
         h, w = (int(v) for v in size.split("x")) if "x" in size else (int(size), int(size))
         y = np.random.default_rng(0).random((a.channels, h, w), dtype=np.float32)
-        settings = [(ov, b, p) for ov in map(int, a.overlap.split(",")) for b in map(int, a.batch.split(","))
-                    for p in a.precision.split(",")]
+        settings = [
+            (ov, b, p)
+            for ov in map(int, a.overlap.split(","))
+            for b in map(int, a.batch.split(","))
+            for p in a.precision.split(",")
+        ]
         for ov, b, p in settings:
-            o = InferenceOptions(overlap=ov, batch=b, precision=p)
+            o = InferenceOptions(overlap=ov, batch=b, precision=p, compile=a.compile)  # warm-up pays compiling
             run(ck, y, o)
             ts = []
             for _ in range(a.reps):
@@ -75,6 +77,7 @@ def main() -> None:
     print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     if a.profile:  # where one run's time goes: CPU-side work vs device kernels and copies
         from torch.profiler import ProfilerActivity, profile
+
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
         with profile(activities=acts) as prof:
             run(ck, y, o)

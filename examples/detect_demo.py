@@ -12,6 +12,7 @@ one defect each: a dark pit, a bright scratch, a stain, and one defect-free imag
 are drawn here, not by the training's synthetic-anomaly generator. Their masks go to
 demo/truth/ (not beside the images, so that `indeed detect demo/test` sees only images).
 """
+
 from __future__ import annotations
 
 import sys
@@ -27,7 +28,7 @@ def _smooth(x: np.ndarray, sy: float, sx: float) -> np.ndarray:
     """Anisotropic Gaussian blur by FFT (periodic edges are fine for a texture)."""
     fy = np.fft.fftfreq(x.shape[0])[:, None]
     fx = np.fft.fftfreq(x.shape[1])[None, :]
-    k = np.exp(-2 * np.pi ** 2 * ((fy * sy) ** 2 + (fx * sx) ** 2))
+    k = np.exp(-2 * np.pi**2 * ((fy * sy) ** 2 + (fx * sx) ** 2))
     return np.real(np.fft.ifft2(np.fft.fft2(x) * k))
 
 
@@ -52,13 +53,13 @@ def add_defect(img: np.ndarray, kind: str, seed: int) -> tuple[np.ndarray, np.nd
         r = rng.uniform(6, 10)
         d = np.hypot(yy - cy, (xx - cx) * 0.8) / r
         mask = d < 1
-        out = img - 0.25 * np.clip(1 - d ** 2, 0, 1)
+        out = img - 0.25 * np.clip(1 - d**2, 0, 1)
     elif kind == "scratch":
         ang = rng.uniform(0, np.pi)
         dist = np.abs((yy - cy) * np.cos(ang) - (xx - cx) * np.sin(ang))
         along = np.abs((yy - cy) * np.sin(ang) + (xx - cx) * np.cos(ang))
         mask = (dist < 1.5) & (along < 45)
-        out = img + 0.2 * mask * np.exp(-dist ** 2 / 2)
+        out = img + 0.2 * mask * np.exp(-(dist**2) / 2)
     else:  # stain: a soft darker blob with an irregular edge
         noise = _smooth(rng.normal(size=(h, w)), 4, 4)
         d = np.hypot(yy - cy, xx - cx) / rng.uniform(14, 20) + 0.8 * noise / (noise.std() + 1e-8) * 0.15
@@ -89,9 +90,11 @@ def figure(root: Path, out: Path) -> None:
     """Rows: test image | overlay written by `indeed detect` | binary mask | ground truth."""
     rows = []
     for stem in ["pit", "scratch", "stain", "good"]:
-        tiles = [Image.open(root / "test" / f"{stem}.png").convert("RGB"),
-                 Image.open(root / "maps" / f"{stem}_overlay.png").convert("RGB"),
-                 Image.open(root / "maps" / f"{stem}_mask.png").convert("RGB")]
+        tiles = [
+            Image.open(root / "test" / f"{stem}.png").convert("RGB"),
+            Image.open(root / "maps" / f"{stem}_overlay.png").convert("RGB"),
+            Image.open(root / "maps" / f"{stem}_mask.png").convert("RGB"),
+        ]
         gt = root / "truth" / f"{stem}.png"
         tiles.append(Image.open(gt).convert("RGB") if gt.exists() else Image.new("RGB", tiles[0].size))
         rows.append(np.concatenate([np.asarray(t.resize((SIZE, SIZE))) for t in tiles], 1))

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny models made in the test, seeded RNG, image writers, an in-process CLI runner."""
+
 from __future__ import annotations
 
 import sys
@@ -9,16 +10,22 @@ import pytest
 import torch
 from PIL import Image
 
-from indeed_cli.checkpoint import save_checkpoint
-from indeed_cli.config import ModelConfig
-from indeed_cli.networks import InDeed
+from indeed_cli.model import InDeed, ModelConfig, save_checkpoint
 
 torch.set_num_threads(1)
 
 
 def tiny_config(channels: int = 3, **kw) -> ModelConfig:
-    base = dict(channels=channels, rank=4, lowrank_width=8, lowrank_blocks=1, sparse_width=8,
-                sparse_blocks=1, sparse_levels=3, groups=4)
+    base = dict(
+        channels=channels,
+        rank=4,
+        lowrank_width=8,
+        lowrank_blocks=1,
+        sparse_width=8,
+        sparse_blocks=1,
+        sparse_levels=3,
+        groups=4,
+    )
     base.update(kw)
     return ModelConfig(**base)
 
@@ -61,4 +68,5 @@ def run_cli(capsys, monkeypatch):
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         out, err = capsys.readouterr()
         return code, out, err
+
     return run

@@ -1,12 +1,15 @@
 """`indeed models`: bundled and cached checkpoints with their metadata."""
+
 from __future__ import annotations
 
 import json
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from ..checkpoint import list_checkpoints
-from .common import Json
+from ..model import list_checkpoints
+from .options import Json
 
 
 def models_cmd(json_out: Json = False) -> None:
@@ -16,15 +19,22 @@ def models_cmd(json_out: Json = False) -> None:
         for r in rows:
             typer.echo(json.dumps(r))
         return
-    from rich.console import Console
-    from rich.table import Table
     table = Table("name", "origin", "task", "channels", "rank", "steps", "val PSNR s25", "threshold", "MB", "path")
     for r in rows:
         t = r.get("training", {})
         val = t.get("validation", {}).get("psnr_s25")
-        table.add_row(r["name"], r["origin"], str(r.get("task", r.get("error", "?"))), str(r.get("channels", "")),
-                      str(r.get("rank", "")), str(t.get("total_steps", t.get("steps", ""))), f"{val:.2f}" if val else "",
-                      _threshold(r), str(r["size_mb"]), r["path"])
+        table.add_row(
+            r["name"],
+            r["origin"],
+            str(r.get("task", r.get("error", "?"))),
+            str(r.get("channels", "")),
+            str(r.get("rank", "")),
+            str(t.get("total_steps", t.get("steps", ""))),
+            f"{val:.2f}" if val else "",
+            _threshold(r),
+            str(r["size_mb"]),
+            r["path"],
+        )
     Console().print(table)
 
 

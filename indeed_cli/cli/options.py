@@ -1,0 +1,120 @@
+"""Options that several commands share, and their checks."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+
+from ..inference import InferenceOptions
+from .runner import CLIError, tile_progress
+
+Weights = Annotated[
+    str | None,
+    typer.Option(
+        "--weights",
+        "-w",
+        help="Checkpoint: bundled name (color, gray), a .safetensors path, or "
+        "hf://owner/repo/file.safetensors@revision. Default: the bundled model for the image's channels.",
+    ),
+]
+Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+Tile = Annotated[int, typer.Option("--tile", min=16, help="Tile size in pixels (multiple of 8).")]
+Overlap = Annotated[int, typer.Option("--overlap", min=0, help="Overlap between tiles in pixels.")]
+Batch = Annotated[int | None, typer.Option("--batch", min=1, help="Tiles per device batch (default 8 CPU, 256 GPU).")]
+Precision = Annotated[
+    str,
+    typer.Option("--precision", help="fp32, or bf16 (GPUs; CPUs with AMX or AVX512-BF16): a bf16 copy of the network."),
+]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON line per image on stdout.")]
+Force = Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Look into sub-folders of folder inputs.")]
+SkipExisting = Annotated[
+    bool,
+    typer.Option(
+        "--skip-existing",
+        help="Leave out inputs whose outputs all exist (resumes an interrupted folder run); not with --force.",
+    ),
+]
+Compile = Annotated[
+    bool,
+    typer.Option(
+        "--compile", help="torch.compile the network (tens of seconds once; pays off on many images, docs/results.md)."
+    ),
+]
+
+
+def inference_options(
+    tile: int, overlap: int, batch: int | None, precision: str, compile: bool = False
+) -> InferenceOptions:
+    """The InferenceOptions of the shared options, checked before any work."""
+    opts = InferenceOptions(tile=tile, overlap=overlap, batch=batch, precision=precision, compile=compile)
+    try:
+        opts.check()
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    return opts
+
+
+@dataclass
+class RunOptions:
+    """The options that image commands share, handed to a command as one ``run`` argument."""
+
+    weights: str | None = None
+    device: str = "auto"
+    tile: int = 128
+    overlap: int = 32
+    batch: int | None = None
+    precision: str = "fp32"
+    json_out: bool = False
+    force: bool = False
+    quiet: bool = False
+    recursive: bool = False
+    compile_net: bool = False
+    skip_existing: bool = False
+
+    def inference(self) -> InferenceOptions:
+        return inference_options(self.tile, self.overlap, self.batch, self.precision, self.compile_net)
+
+    def folder_run(self, on_outcome: Callable, skip_and_progress: bool = True) -> dict:
+        """Keyword arguments of a folder pipeline (indeed_cli.pipelines) that these options set."""
+        kw = {"weights": self.weights, "device": self.device, "options": self.inference(),
+              "recursive": self.recursive, "force": self.force, "on_outcome": on_outcome}  # fmt: skip
+        if skip_and_progress:
+            kw.update(skip_existing=self.skip_existing, progress=tile_progress(self.quiet))
+        return kw
+
+
+SHARED = {  # name -> (annotation, default), in the order --help lists them
+    "weights": (Weights, None), "device": (Device, "auto"), "tile": (Tile, 128), "overlap": (Overlap, 32),
+    "batch": (Batch, None), "precision": (Precision, "fp32"), "json_out": (Json, False), "force": (Force, False),
+    "quiet": (Quiet, False), "recursive": (Recursive, False), "compile_net": (Compile, False),
+    "skip_existing": (SkipExisting, False),
+}  # fmt: skip
+ALL_SHARED = tuple(SHARED)
+INFERENCE = ("weights", "device", "tile", "overlap", "batch", "precision")
+
+
+def shared_options(*names: str) -> Callable:
+    """Give a command the shared options ``names`` after its own: Typer sees them in the signature,
+    the command receives them as one :class:`RunOptions` in its ``run`` parameter."""
+
+    def decorate(fn: Callable) -> Callable:
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "run"]
+        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=SHARED[n][1], annotation=SHARED[n][0])
+                 for n in names]  # fmt: skip
+
+        @functools.wraps(fn)
+        def command(**kwargs):
+            return fn(run=RunOptions(**{n: kwargs.pop(n) for n in names}), **kwargs)
+
+        command.__signature__ = inspect.Signature([*own, *extra])
+        command.__annotations__ = {p.name: p.annotation for p in [*own, *extra]}
+        return command
+
+    return decorate

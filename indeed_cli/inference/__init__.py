@@ -1,0 +1,28 @@
+"""Inference: an image in, its posterior maps out, on overlapping tiles of any image size.
+
+Layer 2 of the package: imports :mod:`indeed_cli.model` and :mod:`indeed_cli.io`.
+"""
+
+from .channels import ChannelAdapter, as_model_channels, training_channels
+from .decomposition import Decomposed, as_image, decompose, denoise, n_tiles, sparse_mean
+from .runtime import InferenceOptions, load_model, network_for, resolve_device
+from .tiling import TileGrid, reflect_index, tiled_apply
+
+__all__ = [
+    "ChannelAdapter",
+    "Decomposed",
+    "InferenceOptions",
+    "TileGrid",
+    "as_image",
+    "as_model_channels",
+    "decompose",
+    "denoise",
+    "load_model",
+    "n_tiles",
+    "network_for",
+    "reflect_index",
+    "resolve_device",
+    "sparse_mean",
+    "tiled_apply",
+    "training_channels",
+]

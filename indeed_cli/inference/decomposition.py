@@ -1,0 +1,173 @@
+"""Image-level decomposition and denoising: the Python API behind the CLI.
+
+    from indeed_cli import load_model, decompose, denoise
+    ckpt = load_model()                       # bundled default, CPU or GPU
+    out = denoise(ckpt, "noisy.png")          # float32 (C, h, w) in [0, 1]
+    parts = decompose(ckpt, "noisy.png")      # Decomposed: L, S, N, mu_omega, ...
+
+Inference uses the posterior means (A = mu_A, B = mu_B, S = mu_S) on overlapping
+tiles (:mod:`.tiling`); the leaf posteriors are recomputed per tile in
+closed form.  Colour/gray mismatches between image and model: :mod:`.channels`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..io import LoadedImage, read_image
+from ..model import Checkpoint
+from ..model import posteriors as P
+from .channels import ChannelAdapter
+from .runtime import InferenceOptions, network_for
+from .tiling import TileGrid, tiled_apply
+
+DECOMPOSE_MAPS = ("L", "S", "sigma_L", "sigma_S", "mu_omega", "mu_lambda")
+
+
+@dataclass
+class Decomposed:
+    """Stitched posterior maps in [0, 1] scale plus per-tile statistics."""
+
+    Y: np.ndarray
+    maps: dict[str, np.ndarray]
+    tiles: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def in_scale(self, scale: float) -> dict[str, np.ndarray]:
+        """The npz arrays in input scale; N is defined so that L + S + N == Y."""
+        Y = self.Y * scale
+        L, S = self.maps["L"] * scale, self.maps["S"] * scale
+        out = {
+            "Y": Y,
+            "L": L,
+            "S": S,
+            "N": Y - L - S,
+            "sigma_L": self.maps["sigma_L"] * scale,
+            "sigma_S": self.maps["sigma_S"] * scale,
+            # precisions scale with 1/scale^2, Omega likewise
+            "mu_omega": self.maps["mu_omega"] / scale**2,
+            "mu_lambda": self.maps["mu_lambda"] / scale**2,
+            "mu_gamma": self.tiles["mu_gamma"],
+        }
+        return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
+
+    def stats(self) -> dict:
+        t = self.tiles
+        n = t["rank_index"]
+        return {
+            "rank_index": float(np.median(n)),
+            "rank_index_per_tile": n.reshape(n.shape[0], n.shape[1], -1).mean(-1).round(2).tolist(),
+            "l_rank": float(t["l_rank"].mean()),
+            "l_sparse": float(t["l_sparse"].mean()),
+            "l_fid": float(t["l_fid"].mean()),
+            "tiles": [int(n.shape[0]), int(n.shape[1])],
+        }
+
+
+def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceOptions) -> Callable:
+    """Per-tile function; ``outputs`` is "denoise" (L + S), "sparse" (mu_S) or "full" (all maps).
+    Tiles stay fp32 at any precision: the network casts them where its weights are bf16."""
+    model, priors = network_for(ckpt, opts.precision, opts.compile), ckpt.config.priors
+    adapter = ChannelAdapter(ckpt.config.channels, image_c)
+    to_model, from_model = adapter.to_model, adapter.from_model
+
+    def fn(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
+        Y = to_model(tiles)
+        d = model(Y, sample=False).float()
+        if outputs == "sparse":
+            return {"S": from_model(d.mu_S)}
+        X = d.L_hat + d.mu_S
+        if outputs == "denoise":
+            return {"X": from_model(X)}
+        mu_L, sigma_L = P.low_rank_moments(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B)
+        a_g, b_g = P.gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, priors)
+        mu_gamma = P.gamma_mean(a_g, b_g)
+        mu_omega = P.gamma_mean(*P.omega_posterior(d.mu_S, d.sigma_S, priors))
+        mu_lambda = P.gamma_mean(*P.lambda_posterior(Y - X, priors))
+        per_px = float(Y[0].numel())
+        B = tiles.shape[0]
+        stats = {
+            "l_rank": P.rank_loss(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, mu_gamma) / per_px,
+            "l_sparse": P.sparse_loss(d.mu_S, d.sigma_S, mu_omega) / per_px,
+            "l_fid": P.fidelity_loss(Y, d.L_hat, d.mu_S, mu_lambda) / per_px,
+        }
+        stats = {k: v.reshape(B, -1).mean(1) for k, v in stats.items()}  # gray-per-channel -> per tile
+        return {
+            "L": from_model(mu_L),
+            "S": from_model(d.mu_S),
+            "sigma_L": from_model(sigma_L),
+            "sigma_S": from_model(d.sigma_S),
+            "mu_omega": from_model(mu_omega),
+            "mu_lambda": from_model(mu_lambda),
+            "mu_gamma": mu_gamma.reshape(B, -1, mu_gamma.shape[-1]),
+            "rank_index": P.rank_index(a_g, b_g).reshape(B, -1).float(),
+            **stats,
+        }
+
+    return fn
+
+
+def as_image(image) -> tuple[np.ndarray, LoadedImage | None]:
+    if isinstance(image, (str, Path)):
+        loaded = read_image(image)
+        return loaded.data, loaded
+    if isinstance(image, LoadedImage):
+        return image.data, image
+    arr = np.asarray(image, dtype=np.float32)
+    if arr.ndim == 2:
+        arr = arr[None]
+    if arr.ndim != 3 or arr.shape[0] not in (1, 3):
+        raise ValueError("image array must be (h, w), (1, h, w) or (3, h, w) floats in [0, 1]")
+    return arr, None
+
+
+def _run(
+    ckpt: Checkpoint,
+    data: np.ndarray,
+    outputs: str,
+    opts: InferenceOptions,
+    progress: Callable[[int], None] | None = None,
+):
+    device = next(ckpt.model.parameters()).device
+    opts.check(ckpt.config.multiple)
+    fn = tile_function(ckpt, data.shape[0], outputs, opts)
+    with torch.inference_mode():
+        return tiled_apply(
+            fn,
+            torch.from_numpy(data),
+            opts.tile,
+            opts.overlap,
+            opts.batch_for(device),
+            device=device,
+            progress=progress,
+        )
+
+
+def n_tiles(h: int, w: int, opts: InferenceOptions) -> int:
+    """Tiles one inference of an h x w image runs (for progress bars)."""
+    return len(TileGrid(h, w, opts.tile, opts.overlap))
+
+
+def denoise(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
+    """Denoised image L + S (posterior means), float32 (C, h, w) in [0, 1] (not clipped)."""
+    data, _ = as_image(image)
+    maps, _ = _run(ckpt, data, "denoise", opts or InferenceOptions(), progress)
+    return maps["X"].numpy()
+
+
+def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
+    """Posterior mean of S only, float32 (C, h, w): the input of anomaly maps."""
+    data, _ = as_image(image)
+    maps, _ = _run(ckpt, data, "sparse", opts or InferenceOptions(), progress)
+    return maps["S"].numpy()
+
+
+def decompose(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> Decomposed:
+    """Posterior maps of L, S, N and the leaf variables, stitched over tiles."""
+    data, _ = as_image(image)
+    maps, grids = _run(ckpt, data, "full", opts or InferenceOptions(), progress)
+    return Decomposed(data, {k: v.numpy() for k, v in maps.items()}, {k: v.numpy() for k, v in grids.items()})

@@ -1,0 +1,84 @@
+"""How inference runs: device, tiling and precision options, and the network each option set uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..model import Checkpoint, load_checkpoint, resolve_weights
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` (a CUDA GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``; ValueError otherwise."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA GPU is available")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise ValueError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")
+    return torch.device(device)
+
+
+def load_model(
+    weights: str | None = None, channels: int = 3, device: str = "auto", task: str = "denoise"
+) -> Checkpoint:
+    """Resolve ``weights`` (path, bundled name, hf:// reference or default) and load it."""
+    return load_checkpoint(resolve_weights(weights, channels, task), resolve_device(device))
+
+
+@dataclass
+class InferenceOptions:
+    """Tiling and speed settings of one inference run (they do not change what is computed,
+    beyond bf16 rounding)."""
+
+    tile: int = 128
+    overlap: int = 32
+    batch: int | None = None  # tiles per forward pass; default 8 on a CPU, 256 on a GPU (docs/results.md)
+    precision: str = "fp32"  # fp32, or bf16: a bf16 copy of the network (network_for)
+    compile: bool = False  # torch.compile the network: tens of seconds once, faster on many images
+
+    def check(self, multiple: int = 8) -> None:
+        """ValueError for settings that cannot run; ``multiple``: the model's size multiple."""
+        if self.tile % multiple:
+            raise ValueError(f"--tile must be a multiple of {multiple}, got {self.tile}")
+        if not 0 <= self.overlap < self.tile:
+            raise ValueError(f"--overlap ({self.overlap}) must be smaller than --tile ({self.tile})")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be fp32 or bf16, got {self.precision!r}")
+        if self.batch is not None and self.batch < 1:
+            raise ValueError(f"--batch must be at least 1, got {self.batch}")
+
+    def batch_for(self, device: torch.device) -> int:
+        return self.batch or (256 if device.type == "cuda" else 8)
+
+
+def network_for(ckpt: Checkpoint, precision: str = "fp32", compile: bool = False) -> nn.Module:
+    """The network that runs ``ckpt``'s inference at ``precision``, compiled or not.
+
+    fp32: ``ckpt.model`` itself.  bf16: a bf16 copy of it, run without autocast.  Autocast would
+    cast every weight on every call and run GroupNorm in fp32 with casts in and out; on an H100
+    the copy made the gray model 11% faster at the same PSNR (docs/results.md).  The copy is made
+    once and again when the model's weights change (an in-place update bumps a tensor's version
+    counter).  ``compile`` wraps the chosen network in ``torch.compile`` (fixed tile shapes: one
+    compilation per batch size), once per network.  Derived networks live in ``ckpt.runtime``.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    net = ckpt.model
+    params = list(net.parameters())
+    if precision == "bf16" and params and params[0].dtype != torch.bfloat16:
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        cached = ckpt.runtime.get("bf16")
+        if cached is None or cached[0] != key:
+            cached = ckpt.runtime["bf16"] = (key, net.detached_copy(torch.bfloat16))
+        net = cached[1]
+    if compile:
+        compiled = ckpt.runtime.setdefault("compiled", {})
+        if id(net) not in compiled or compiled[id(net)][0] is not net:
+            compiled[id(net)] = (net, torch.compile(net, dynamic=False))
+        net = compiled[id(net)][1]
+    return net

@@ -1,0 +1,213 @@
+"""The modular InDeed network f_theta (paper §3.4, Fig. "network structure").
+
+  f_thetaL = (trunk, f_thetaA, f_thetaB):  Y            -> q(A), q(B)
+  f_thetaS                               :  Y - A B^T    -> q(S)
+  N = Y - A B^T - S; the leaf posteriors are computed in closed form
+  (:mod:`indeed_cli.posteriors`), never learned.
+
+Backbone choices (measured in docs/model.md): both modules work at half resolution
+after a pixel-unshuffle, as FFDNet does, which is 4x cheaper than the paper's
+full-resolution ResNet.  The low-rank trunk keeps the paper's GroupNorm (its
+ablation #10 shows GroupNorm matters for A and B); the sparse module is a small
+U-Net without normalisation, so that it is a local operator and tiles agree.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .posteriors import low_rank
+
+SIGMA_FLOOR = 1e-4
+
+
+def positive(x: Tensor) -> Tensor:
+    """Standard deviations from raw outputs; the -4 offset starts them small (~0.02)."""
+    return F.softplus(x - 4.0) + SIGMA_FLOOR
+
+
+def standard_normal(like: Tensor) -> Tensor:
+    """N(0, 1) draws of ``like``'s shape in logical order: unlike ``randn_like``, the draws do not
+    depend on its memory layout (mu_A is a strided view when computed, contiguous when cached)."""
+    return torch.randn(like.shape, dtype=like.dtype, device=like.device)
+
+
+class ResBlock(nn.Module):
+    """x + conv(act(norm(conv(x)))): the residual unit of both modules."""
+
+    def __init__(self, ch: int, groups: int = 0, dims: int = 2):
+        super().__init__()
+        Conv = nn.Conv2d if dims == 2 else nn.Conv1d
+        self.conv1 = Conv(ch, ch, 3, padding=1)
+        self.conv2 = Conv(ch, ch, 3, padding=1)
+        self.norm1 = nn.GroupNorm(groups, ch) if groups else nn.Identity()
+        self.norm2 = nn.GroupNorm(groups, ch) if groups else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.relu(self.norm1(self.conv1(x)))
+        return x + self.norm2(self.conv2(y))
+
+
+class FactorHead(nn.Module):
+    """f_thetaA (or f_thetaB): features -> mu, sigma of r factor vectors per channel.
+
+    Pools the trunk features along the other image axis (mean and max), runs 1-D
+    residual blocks along its own axis and upsamples x2 by a 1-D pixel shuffle, so
+    a column factor a_i in R^h is produced from all columns of the image.
+    """
+
+    def __init__(self, width: int, channels: int, rank: int, groups: int):
+        super().__init__()
+        self.channels, self.rank = channels, rank
+        self.inp = nn.Conv1d(2 * width, width, 1)
+        self.blocks = nn.Sequential(ResBlock(width, groups, dims=1), ResBlock(width, groups, dims=1))
+        self.out = nn.Conv1d(width, 2 * channels * rank * 2, 1)
+        with torch.no_grad():  # start with |L| ~ 0.1 rather than ~6, so early steps are sane
+            self.out.weight.mul_(0.15)
+
+    def forward(self, feats: Tensor, axis: int) -> tuple[Tensor, Tensor]:
+        # axis: spatial axis of the factor (2 = rows -> A, 3 = columns -> B)
+        other = 3 if axis == 2 else 2
+        pooled = torch.cat([feats.mean(other), feats.amax(other)], 1)  # (N, 2w, n/2)
+        z = self.out(self.blocks(F.relu(self.inp(pooled))))  # (N, 2*C*r*2, n/2)
+        n, _, half = z.shape
+        z = (
+            z.view(n, 2 * self.channels * self.rank, 2, half)
+            .transpose(-1, -2)
+            .reshape(n, 2, self.channels, self.rank, 2 * half)
+        )
+        z = z.transpose(-1, -2)  # (N, 2, C, n, r)
+        return z[:, 0], positive(z[:, 1])
+
+
+class LowRankModule(nn.Module):
+    """f_thetaL: image -> q(A) (h x r per channel) and q(B) (w x r per channel)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        w, C = cfg.lowrank_width, cfg.channels
+        self.stem = nn.Conv2d(4 * C, w, 3, padding=1)
+        self.trunk = nn.Sequential(*[ResBlock(w, cfg.groups) for _ in range(cfg.lowrank_blocks)])
+        self.factor_A = FactorHead(w, C, cfg.rank, cfg.groups)
+        self.factor_B = FactorHead(w, C, cfg.rank, cfg.groups)
+
+    def forward(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        # the input in the weights' precision (a no-op for fp32; bf16 inference, Checkpoint.network)
+        feats = self.trunk(self.stem(F.pixel_unshuffle(Y, 2).to(self.stem.weight.dtype)))
+        mu_A, sigma_A = self.factor_A(feats, axis=2)
+        mu_B, sigma_B = self.factor_B(feats, axis=3)
+        return mu_A, sigma_A, mu_B, sigma_B
+
+
+class SparseModule(nn.Module):
+    """f_thetaS: (Y - A B^T) -> mu_S, sigma_S, a U-Net at 1/2, 1/4, 1/8 resolution.
+
+    With ``sparse_input="residual+lowrank"`` it also sees A B^T (extra input channels).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        C, w, nb, lv = cfg.channels, cfg.sparse_width, cfg.sparse_blocks, cfg.sparse_levels
+        widths = [w * 2**i for i in range(lv)]
+        self.sees_lowrank = cfg.sparse_input == "residual+lowrank"
+        self.stem = nn.Conv2d(4 * C * (2 if self.sees_lowrank else 1), widths[0], 3, padding=1)
+        self.enc = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(nb)]) for c in widths[:-1])
+        self.down = nn.ModuleList(nn.Conv2d(widths[i], widths[i + 1], 2, stride=2) for i in range(lv - 1))
+        self.mid = nn.Sequential(*[ResBlock(widths[-1]) for _ in range(nb)])
+        self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in range(lv - 1))
+        self.dec = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(nb)]) for c in widths[:-1])
+        self.head = nn.Conv2d(widths[0], 2 * 4 * C, 3, padding=1)
+        with torch.no_grad():  # S starts near zero: the residual is mostly noise at first
+            self.head.weight.mul_(0.1)
+
+    def forward(self, R: Tensor, L: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.sees_lowrank:
+            if L is None:
+                raise ValueError("this sparse module also needs the low-rank part A B^T")
+            R = torch.cat([R, L], 1)
+        # the input in the weights' precision: bf16 weights (grouped adaptation in bf16, bf16
+        # inference) get a bf16 copy of the fp32 residual, as autocast would give them; a no-op otherwise
+        x = self.stem(F.pixel_unshuffle(R, 2).to(self.stem.weight.dtype))
+        skips = []
+        for enc, down in zip(self.enc, self.down):
+            x = enc(x)
+            skips.append(x)
+            x = down(x)
+        x = self.mid(x)
+        for i in reversed(range(len(self.up))):
+            x = self.dec[i](self.up[i](x) + skips[i])
+        out = F.pixel_shuffle(self.head(x), 2)  # (N, 2C, h, w)
+        mu, raw = out.float().chunk(2, dim=1)  # sigma from fp32 whatever the network's precision
+        return mu, positive(raw)
+
+
+@dataclass
+class Decomposition:
+    """Outputs of one forward pass: variational parameters and (sampled) components."""
+
+    mu_A: Tensor
+    sigma_A: Tensor
+    mu_B: Tensor
+    sigma_B: Tensor
+    mu_S: Tensor
+    sigma_S: Tensor
+    A_hat: Tensor
+    B_hat: Tensor
+    L_hat: Tensor  # A_hat B_hat^T
+    S_hat: Tensor
+
+    def float(self) -> Decomposition:
+        return Decomposition(**{k: v.float() for k, v in self.__dict__.items()})
+
+
+class InDeed(nn.Module):
+    """f_theta: Y -> phi_{Z_m} = (q(A), q(B), q(S)).
+
+    ``sample=True`` draws A_hat, B_hat, S_hat by reparameterisation (training,
+    Eq. l_fid); ``sample=False`` uses the posterior means (inference).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.lowrank = LowRankModule(cfg)
+        self.sparse = SparseModule(cfg)
+
+    def detached_copy(self, dtype: torch.dtype = torch.float32) -> InDeed:
+        """A deep copy in ``dtype`` with weights of its own (adaptation, bf16 inference)."""
+        return copy.deepcopy(self).to(dtype)
+
+    def modules_for(self, which: str) -> list[nn.Module]:
+        """The modules InDeedAG may fine-tune: 'S', 'L' or 'LS' (paper §3.5)."""
+        table = {"S": [self.sparse], "L": [self.lowrank], "LS": [self.lowrank, self.sparse]}
+        if which not in table:
+            raise ValueError(f"modules must be one of {sorted(table)}, got {which!r}")
+        return table[which]
+
+    def forward(
+        self, Y: Tensor, sample: bool = False, factors: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+    ) -> Decomposition:
+        """``factors``: (mu_A, sigma_A, mu_B, sigma_B) of ``Y`` computed before by ``self.lowrank``;
+        adapting f_thetaS alone reuses them, since the frozen low-rank module gives the same ones."""
+        m = self.cfg.multiple
+        if Y.shape[-1] % m or Y.shape[-2] % m:
+            raise ValueError(f"input height and width must be multiples of {m}, got {tuple(Y.shape[-2:])}")
+        if Y.shape[1] != self.cfg.channels:
+            raise ValueError(f"model expects {self.cfg.channels} channel(s), got {Y.shape[1]}")
+        mu_A, sigma_A, mu_B, sigma_B = self.lowrank(Y) if factors is None else factors
+        if sample:
+            A_hat = mu_A + sigma_A * standard_normal(mu_A)
+            B_hat = mu_B + sigma_B * standard_normal(mu_B)
+        else:
+            A_hat, B_hat = mu_A, mu_B
+        L_hat = low_rank(A_hat, B_hat)
+        mu_S, sigma_S = self.sparse(Y - L_hat, L_hat)
+        S_hat = mu_S + sigma_S * standard_normal(mu_S) if sample else mu_S
+        return Decomposition(mu_A, sigma_A, mu_B, sigma_B, mu_S, sigma_S, A_hat, B_hat, L_hat, S_hat)

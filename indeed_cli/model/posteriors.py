@@ -1,0 +1,246 @@
+"""Closed-form leaf posteriors (sub-problem 1) and the ELBO terms (sub-problem 2).
+
+Every function maps to one equation of the InDeed paper (shared/paper, §3.3-3.6);
+equation names are the paper's LaTeX labels.
+
+Shapes (one factorisation per colour channel, see docs/model.md):
+  mu_A, sigma_A : (N, C, h, r)      column factors A, r = r^0
+  mu_B, sigma_B : (N, C, w, r)      row factors B
+  mu_S, sigma_S : (N, C, h, w)      sparse component
+  Y, U          : (N, C, h, w)
+Loss terms return one value per sample, shape (N,), summed over the sample's
+elements as in the paper; callers that want per-pixel numbers divide all terms
+by the same pixel count, which leaves their balance unchanged.
+
+About the factor 2 in Eqs. (gamma/omega/lambda formula): the paper writes
+alpha = 2 alpha0 + h + w and beta = 2 beta0 + E||a||^2 + E||b||^2.  Minimising the
+sub-problem-1 objective l_rank + l_gamma over a Gamma q(gamma) gives exactly half
+of both (alpha0 + (h+w)/2, beta0 + (...)/2); tests/test_posteriors.py checks this
+against a direct numerical minimisation.  The posterior means alpha/beta, the only
+quantities the losses use, are identical either way.  We return the exact
+minimiser; the paper's parameterisation is its double.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .config import Priors
+
+EPS = 1e-12
+
+
+# --------------------------------------------------------------- sub-problem 1
+def gamma_posterior(
+    mu_A: Tensor, sigma_A: Tensor, mu_B: Tensor, sigma_B: Tensor, priors: Priors = Priors()
+) -> tuple[Tensor, Tensor]:
+    """q(gamma_i) = Gamma(alpha, beta), Eq. (gamma formula), one per rank-one factor.
+
+    Returns (alpha, beta) of shape (N, C, r).  E[gamma_i] = alpha / beta shrinks the
+    i-th column pair a_i, b_i towards zero when their energy is small.
+    """
+    h, w = mu_A.shape[-2], mu_B.shape[-2]
+    energy = (mu_A.square() + sigma_A.square()).sum(-2) + (mu_B.square() + sigma_B.square()).sum(-2)
+    alpha = torch.full_like(energy, priors.alpha0 + 0.5 * (h + w))
+    beta = priors.beta0_gamma + 0.5 * energy
+    return alpha, beta
+
+
+def omega_posterior(mu_S: Tensor, sigma_S: Tensor, priors: Priors = Priors()) -> tuple[Tensor, Tensor]:
+    """q(omega_ij) = Gamma(alpha, beta), Eq. (omega formula): the sparsity precision of S."""
+    alpha = torch.full_like(mu_S, priors.alpha0 + 0.5)
+    beta = priors.beta0_omega + 0.5 * (mu_S.square() + sigma_S.square())
+    return alpha, beta
+
+
+def lambda_posterior(residual: Tensor, priors: Priors = Priors()) -> tuple[Tensor, Tensor]:
+    """q(lambda_ij) = Gamma(alpha, beta), Eq. (lambda formula): pixel-wise noise precision.
+
+    ``residual`` is Y - (A_hat B_hat^T + S_hat) for sampled A_hat, B_hat, S_hat
+    (the paper's Monte-Carlo form); at inference the posterior means are used.
+    """
+    alpha = torch.full_like(residual, priors.alpha0 + 0.5)
+    beta = priors.beta0_lambda + 0.5 * residual.square()
+    return alpha, beta
+
+
+def pooled_lambda_posterior(residual: Tensor, priors: Priors = Priors()) -> tuple[Tensor, Tensor]:
+    """Eq. (lambda formula) with one noise precision per sample instead of one per pixel.
+
+    Used by active generalization (docs/guide/adapt.md): with a pixel-wise Lambda the adaptation
+    loss becomes a per-pixel log-penalty on the residual that drives N to zero (L + S copies
+    the noisy input); one precision per image keeps the noise model of an RPCA.  Returns
+    (alpha, beta) of shape (N,): alpha0 + m/2 and beta0_lambda + ||residual||^2 / 2 over
+    the m elements of each sample.
+    """
+    m = residual[0].numel()
+    beta = priors.beta0_lambda + 0.5 * residual.square().flatten(1).sum(1)
+    return torch.full_like(beta, priors.alpha0 + 0.5 * m), beta
+
+
+def gamma_mean(alpha: Tensor, beta: Tensor) -> Tensor:
+    """E[x] = alpha / beta of a Gamma(alpha, beta) variable (mu_gamma, mu_Omega, mu_Lambda)."""
+    return alpha / beta
+
+
+# --------------------------------------------------------------- sub-problem 2
+def low_rank(A: Tensor, B: Tensor) -> Tensor:
+    """L = A B^T per channel, Eq. (expression of L): (N,C,h,r) x (N,C,w,r) -> (N,C,h,w)."""
+    return torch.matmul(A, B.transpose(-1, -2))
+
+
+def fidelity_loss(Y: Tensor, L_hat: Tensor, S_hat: Tensor, mu_lambda: Tensor) -> Tensor:
+    """l_fid = 1/2 || sqrt(mu_Lambda) (.) (Y - (A_hat B_hat^T + S_hat)) ||_F^2, Eq. (l_fid)."""
+    return 0.5 * (mu_lambda * (Y - L_hat - S_hat).square()).flatten(1).sum(1)
+
+
+def rank_loss(mu_A: Tensor, sigma_A: Tensor, mu_B: Tensor, sigma_B: Tensor, mu_gamma: Tensor) -> Tensor:
+    """l_rank, Eq. (VI L_rank): KL of q(A)q(B) to p(A|gamma)p(B|gamma) up to constants.
+
+    mu_gamma (N, C, r) is broadcast over the rows of A and of B.
+    """
+    g = mu_gamma.unsqueeze(-2)
+
+    def part(mu: Tensor, sigma: Tensor) -> Tensor:
+        var = sigma.square()
+        return (mu.square() * g + var * g - torch.log(var + EPS)).flatten(1).sum(1)
+
+    return 0.5 * (part(mu_A, sigma_A) + part(mu_B, sigma_B))
+
+
+def sparse_loss(mu_S: Tensor, sigma_S: Tensor, mu_omega: Tensor) -> Tensor:
+    """l_sparse, Eq. (VI L_sparse): KL of q(S) to p(S|Omega) up to constants."""
+    var = sigma_S.square()
+    return 0.5 * (mu_S.square() * mu_omega + mu_omega * var - torch.log(var + EPS)).flatten(1).sum(1)
+
+
+def orth_loss(A_hat: Tensor, B_hat: Tensor) -> Tensor:
+    """l_orth = ||A^T A - I||_F^2 + ||B^T B - I||_F^2 (paper §3.6, before Eq. network loss function).
+
+    Summed over channels; pushes the r rank-one components to carry different content.
+    """
+
+    def part(M: Tensor) -> Tensor:
+        gram = torch.matmul(M.transpose(-1, -2), M)
+        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+        return (gram - eye).square().flatten(1).sum(1)
+
+    return part(A_hat) + part(B_hat)
+
+
+def denoise_supervision_loss(L_hat: Tensor, S_hat: Tensor, U: Tensor, sigma0: float) -> Tensor:
+    """l_sup|DEN = sigma0/2 (||L + S - U||^2 + ||L - U||^2), Eq. (l_sup_DEN); U is the clean image."""
+    return 0.5 * sigma0 * ((L_hat + S_hat - U).square() + (L_hat - U).square()).flatten(1).sum(1)
+
+
+def anomaly_supervision_loss(L_hat: Tensor, S_hat: Tensor, U_N: Tensor, U_A: Tensor, sigma0: float) -> Tensor:
+    """l_sup|UAD = sigma0/2 (||L - U_N||^2 + ||S - U_A||^2), Eq. (AD supervision term).
+
+    U_N is the normal image, U_A = Y - U_N the synthetic anomaly.
+    """
+    return 0.5 * sigma0 * ((L_hat - U_N).square() + (S_hat - U_A).square()).flatten(1).sum(1)
+
+
+# --------------------------------------------------------------- interpretation
+def low_rank_moments(mu_A: Tensor, sigma_A: Tensor, mu_B: Tensor, sigma_B: Tensor) -> tuple[Tensor, Tensor]:
+    """Posterior mean and standard deviation of L = A B^T under q(A) q(B) (paper §4.6).
+
+    Exact moments of a sum of products of independent Gaussians:
+      E[l_ij]   = sum_k mu_a_ik mu_b_jk
+      Var[l_ij] = sum_k (mu_a^2 s_b^2 + s_a^2 mu_b^2 + s_a^2 s_b^2)_ijk
+    (The paper's §4.6 display formula is a product-of-experts heuristic whose mean
+    is not E[A B^T]; we use the exact moments so that L + S + N = Y holds for the
+    posterior means.)
+    """
+    mean = low_rank(mu_A, mu_B)
+    vA, vB = sigma_A.square(), sigma_B.square()
+    var = low_rank(mu_A.square(), vB) + low_rank(vA, mu_B.square()) + low_rank(vA, vB)
+    return mean, var.clamp_min(0).sqrt()
+
+
+def rank_index(alpha: Tensor, beta: Tensor, rel_threshold: float = 0.01, prob: float = 0.95) -> Tensor:
+    """Estimated rank n = |{i : p(gamma_i^-1 > t) > prob}| (paper §4.6).
+
+    The paper leaves t open; we take t = rel_threshold * max_i E[gamma_i^-1] per
+    channel, i.e. a component counts when its variance is at least 1% of the
+    strongest one's with 95% posterior probability.  Returns (N, C) integers.
+    p(gamma^-1 > t) = p(gamma < 1/t) = P(alpha, beta / t), the regularised lower
+    incomplete gamma function.
+    """
+    inv_mean = beta / (alpha - 1).clamp_min(EPS)  # E[1/gamma] for alpha > 1
+    t = rel_threshold * inv_mean.amax(-1, keepdim=True)
+    p = torch.special.gammainc(alpha.double(), (beta / t).double())
+    return (p > prob).sum(-1)
+
+
+def collapsed_objective(d, Y: Tensor, modules: str, priors: Priors = Priors(), pooled_noise: bool = True) -> Tensor:
+    """Negative ELBO of the unsupervised terms with sub-problem 1 solved, per sample (N,).
+
+    Plugging the closed-form q(Lambda), q(Omega), q(gamma) (Eqs. lambda/omega/gamma formula)
+    back into l_fid + l_sparse (+ l_rank) and their Gamma KL terms leaves, up to constants,
+      fid:    (alpha0 + m/2) log(beta0_lambda + ||Y - L - S||^2 / 2)   (pooled Lambda), or
+              sum_ij (alpha0 + 1/2) log(beta0_lambda + r_ij^2 / 2)     (pixel-wise Lambda);
+      sparse: sum_ij (alpha0 + 1/2) log(beta0_omega + (mu_S^2 + sigma_S^2)/2) - log sigma_S;
+      rank:   sum_i (alpha0 + (h+w)/2) log(beta_gamma_i) - sum log sigma_A - sum log sigma_B.
+    Its gradient equals that of the losses with the leaf means held fixed (the leaf
+    posteriors are optimal, so their own variation does not contribute), but unlike those
+    losses its value is comparable between weights, which is what early stopping in
+    active generalization needs.  ``modules`` picks the
+    terms as in Eq. (active generalization loss): "S" -> fid + sparse, "L" -> fid + rank.
+    """
+    a0 = priors.alpha0
+    r = Y - d.L_hat - d.S_hat
+    if pooled_noise:
+        alpha, beta = pooled_lambda_posterior(r, priors)
+        total = alpha * torch.log(beta)
+    else:
+        total = ((a0 + 0.5) * torch.log(priors.beta0_lambda + 0.5 * r.square())).flatten(1).sum(1)
+    if "S" in modules:
+        e = 0.5 * (d.mu_S.square() + d.sigma_S.square())
+        total = total + ((a0 + 0.5) * torch.log(priors.beta0_omega + e) - torch.log(d.sigma_S + EPS)).flatten(1).sum(1)
+    if "L" in modules:
+        a_g, b_g = gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, priors)
+        total = (
+            total
+            + (a_g * torch.log(b_g)).flatten(1).sum(1)
+            - torch.log(d.sigma_A + EPS).flatten(1).sum(1)
+            - torch.log(d.sigma_B + EPS).flatten(1).sum(1)
+        )
+    return total
+
+
+# --------------------------------------------------------------- one iteration
+def leaf_means(d, Y: Tensor, priors: Priors = Priors()) -> dict[str, Tensor]:
+    """Sub-problem 1 for one forward pass: detached E[gamma], E[Omega], E[Lambda] and q(gamma).
+
+    ``d`` is a :class:`indeed_cli.networks.Decomposition`.  The leaf posteriors are
+    computed from the current network outputs and then held fixed (detached) for
+    the loss of sub-problem 2, as in paper §3.1.3.
+    """
+    with torch.no_grad():
+        a_g, b_g = gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, priors)
+        a_o, b_o = omega_posterior(d.mu_S, d.sigma_S, priors)
+        a_l, b_l = lambda_posterior(Y - d.L_hat - d.S_hat, priors)
+        return {
+            "alpha_gamma": a_g,
+            "beta_gamma": b_g,
+            "mu_gamma": gamma_mean(a_g, b_g),
+            "mu_omega": gamma_mean(a_o, b_o),
+            "mu_lambda": gamma_mean(a_l, b_l),
+        }
+
+
+def elbo_terms(d, Y: Tensor, priors: Priors = Priors()) -> dict[str, Tensor]:
+    """The unsupervised part of Eq. (ob phi_1) plus l_orth, each of shape (N,).
+
+    Returns l_fid, l_rank, l_sparse, l_orth and the leaf means used for them.
+    """
+    leaf = leaf_means(d, Y, priors)
+    return {
+        "fid": fidelity_loss(Y, d.L_hat, d.S_hat, leaf["mu_lambda"]),
+        "rank": rank_loss(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, leaf["mu_gamma"]),
+        "sparse": sparse_loss(d.mu_S, d.sigma_S, leaf["mu_omega"]),
+        "orth": orth_loss(d.A_hat, d.B_hat),
+        **leaf,
+    }

@@ -1,0 +1,40 @@
+"""Store deployment statistics in a checkpoint's metadata.
+
+denoise checkpoints: the OOD statistics of :mod:`indeed_cli.tasks.ood` from clean training
+images under the checkpoint's training noise; detect checkpoints: the anomaly threshold from
+held-out normal images.  :func:`indeed_cli.pipelines.train` calls it at the end of a run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..inference import resolve_device
+from ..model import load_checkpoint, save_checkpoint
+from ..tasks.detection import calibrate
+from ..tasks.ood import calibrate_ood
+from ..tasks.training import load_images
+
+
+def calibrate_checkpoint(
+    src: str | Path,
+    output: str | Path,
+    paths: list[Path],
+    device: str = "auto",
+    samples: int = 256,
+    seed: int = 0,
+    note: dict | None = None,
+) -> tuple[str, str, dict]:
+    """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
+
+    Returns (task, key, facts): key "detect" (threshold from normal images) or "ood"
+    (statistics from ``samples`` noisy training images).  ``note`` is merged into the facts.
+    """
+    ck = load_checkpoint(src, resolve_device(device))
+    if ck.config.task == "detect":
+        key, facts = "detect", calibrate(ck, paths)
+    else:
+        key, facts = "ood", calibrate_ood(ck, load_images(paths, ck.config.channels), samples, seed)
+    facts = {**facts, **(note or {})}
+    save_checkpoint(output, ck.model, ck.training, {**ck.extra, key: facts})
+    return ck.config.task, key, facts

@@ -1,0 +1,113 @@
+"""Decompose files and folders: L, S, N and the leaf posteriors of each image, as PNGs, npz and json."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..inference import Decomposed, InferenceOptions, decompose, n_tiles
+from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via, read_image, to_pil
+from ..model import Checkpoint
+from ..tasks.ood import ood_features, ood_report
+from .inputs import expand_inputs, require_folder, skip_done, stem
+from .runner import ModelCache, Outcome, Product, TileProgress, no_progress, run_ordered
+from .visualize import panel, viewable
+
+PNG_MAPS = ("L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S")
+
+
+def outputs_for(out_dir: Path, name: str, with_panel: bool) -> dict[str, Path]:
+    """The files one decomposed image is written to: ``<name>_<map>.png``, ``<name>.npz``, ``<name>.json``."""
+    files = {k: out_dir / f"{name}_{k}.png" for k in PNG_MAPS}
+    files["npz"] = out_dir / f"{name}.npz"
+    files["json"] = out_dir / f"{name}.json"
+    if with_panel:
+        files["panel"] = out_dir / f"{name}_panel.png"
+    return files
+
+
+def write_decomposition(
+    src: Path,
+    img: LoadedImage,
+    dec: Decomposed,
+    files: dict[str, Path],
+    with_panel: bool,
+    source: str,
+    ood: dict | None = None,
+) -> dict:
+    """Write the PNG maps, npz and json of one decomposed image; returns the json record.
+
+    ``ood`` is the checkpoint's OOD statistics (``extra["ood"]``), None when it has none.
+    """
+    arrays = dec.in_scale(img.scale)
+    views = viewable({**dec.maps, "N": arrays["N"] / img.scale})
+    for k in PNG_MAPS:
+        atomic_save(to_pil(views[k]), files[k])
+    # uncompressed: the float maps are noisy, zlib saved ~20% of the size for ~0.8 s per 512x512 image
+    atomic_write_via(files["npz"], lambda t: np.savez(t, **arrays))
+    record = {
+        "image": str(src),
+        "height": img.size[0],
+        "width": img.size[1],
+        "channels": img.channels,
+        "scale": img.scale,
+        **dec.stats(),
+        **ood_report(ood_features(dec), ood),
+        "loss_units": "per pixel (per element of Y)",
+        "weights": source,
+        "outputs": {k: str(v) for k, v in files.items()},
+    }
+    if with_panel and "panel" in files:
+        atomic_save(panel(dec.Y, views, f"{src.name}  rank index n={record['rank_index']:.0f}"), files["panel"])
+    atomic_write_via(files["json"], lambda t: Path(t).write_text(json.dumps(record, indent=2)))
+    return record
+
+
+def decompose_folder(
+    inputs: Sequence[str | Path],
+    output: str | Path,
+    *,
+    with_panel: bool = False,
+    weights: str | Path | Checkpoint | None = None,
+    device: str = "auto",
+    options: InferenceOptions | None = None,
+    recursive: bool = False,
+    force: bool = False,
+    skip_existing: bool = False,
+    on_outcome: Callable[[Outcome], None] | None = None,
+    progress: TileProgress = no_progress,
+) -> list[Outcome]:
+    """Decompose ``inputs`` into the folder ``output`` (:func:`outputs_for` names the files).
+
+    One :class:`Outcome` per input; its record is the image's json file without the per-tile rank
+    indices.  Errors as :func:`~indeed_cli.pipelines.denoise_folder`.
+    """
+    output = Path(output)
+    opts = options or InferenceOptions()
+    paths = expand_inputs(inputs, recursive)
+    require_folder(output, "--output")
+    plans = [outputs_for(output, stem(p), with_panel) for p in paths]
+    paths, plans, skipped = skip_done(paths, plans, skip_existing, force)
+    models = ModelCache(weights, device)
+
+    def steps() -> Iterator[Product | Outcome]:
+        for src, files in zip(paths, plans):
+            try:
+                img = read_image(src)
+                ckpt = models.get(img.channels)
+                with progress(src.name, n_tiles(*img.size, opts)) as advance:
+                    dec = decompose(ckpt, img, opts, progress=advance)
+            except ImageError as e:
+                yield Outcome(src, {"image": str(src)}, e)
+                continue
+
+            def write(src=src, img=img, dec=dec, files=files, ckpt=ckpt) -> dict:
+                record = write_decomposition(src, img, dec, files, with_panel, ckpt.source, ckpt.extra.get("ood"))
+                return {k: v for k, v in record.items() if k != "rank_index_per_tile"}
+
+            yield Product(src, write, {}, sum(v.nbytes for v in dec.maps.values()))
+
+    return run_ordered(steps(), on_outcome, skipped)

@@ -1,0 +1,135 @@
+"""Denoise files and folders: L + S of each image, same size, mode, alpha and bit depth.
+
+With ``ood=True`` each image is decomposed in full and scored for being out of distribution
+(:mod:`indeed_cli.tasks.ood`); with ``auto_adapt=True`` the images flagged so are adapted one by
+one (InDeedOAG, in groups on a GPU) before they are denoised again and written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from ..inference import InferenceOptions, decompose, denoise, n_tiles
+from ..io import ImageError, check_output_format, read_image, write_image
+from ..model import Checkpoint, CheckpointError
+from ..tasks.adaptation import AdaptConfig, adapt_images, default_group
+from ..tasks.ood import ood_features, ood_report
+from .inputs import expand_inputs, plan_outputs
+from .runner import ModelCache, Outcome, Product, TileProgress, no_progress, run_ordered
+
+
+def denoise_folder(
+    inputs: Sequence[str | Path],
+    output: str | Path,
+    *,
+    weights: str | Path | Checkpoint | None = None,
+    device: str = "auto",
+    options: InferenceOptions | None = None,
+    ood: bool = False,
+    auto_adapt: bool = False,
+    ood_threshold: float | None = None,
+    recursive: bool = False,
+    force: bool = False,
+    skip_existing: bool = False,
+    on_outcome: Callable[[Outcome], None] | None = None,
+    progress: TileProgress = no_progress,
+) -> list[Outcome]:
+    """Denoise ``inputs`` (files, folders, globs, ``-``) into ``output`` (a file for one input, else a
+    folder of ``<stem>.png``; ``-``: a PNG on standard output).  Returns one :class:`Outcome` per
+    input: those left out by ``skip_existing`` first, then the others as they finish.
+
+    Raises :class:`~indeed_cli.pipelines.UsageError` (bad inputs or outputs, before any work) and
+    :class:`~indeed_cli.model.CheckpointError`; an image that cannot be read or written is a failed
+    Outcome and the others go on.
+    """
+    opts = options or InferenceOptions()
+    paths = expand_inputs(inputs, recursive)
+    paths, targets, skipped = plan_outputs(paths, Path(output), ".png", force, skip_existing)
+    models = ModelCache(weights, device)
+    steps = _steps(paths, targets, models, opts, ood or auto_adapt, auto_adapt, ood_threshold, progress)
+    return run_ordered(steps, on_outcome, skipped)
+
+
+def _steps(
+    paths: list[Path],
+    targets: list[Path],
+    models: ModelCache,
+    opts: InferenceOptions,
+    need_stats: bool,
+    auto_adapt: bool,
+    ood_threshold: float | None,
+    progress: TileProgress,
+) -> Iterator[Product | Outcome]:
+    pending: list[dict] = []  # flagged images waiting for one batched OAG
+
+    def product(item: dict, out, adapted=None) -> Product:
+        img = item["img"]
+        record = {
+            "image": str(item["src"]),
+            "output": str(item["dst"]),
+            "height": img.size[0],
+            "width": img.size[1],
+            "channels": img.channels,
+            "bit_depth": img.bit_depth,
+            "seconds": round(item["seconds"], 3),
+            "weights": item["ckpt"].source,
+            **item["ood"],
+            "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop},
+        }
+
+        def write() -> None:
+            write_image(item["dst"], out, like=img)
+
+        return Product(item["src"], write, record, out.nbytes)
+
+    def adapt_pending() -> Iterator[Product]:
+        """OAG on the flagged images, those sharing a checkpoint adapted together."""
+        if not pending:
+            return
+        t0 = time.perf_counter()
+        results, _ = adapt_images(
+            [(it["ckpt"], it["img"].data) for it in pending], AdaptConfig(precision=opts.precision), opts.tile
+        )
+        share = (time.perf_counter() - t0) / len(pending)
+        for item, res in zip(pending, results):
+            t1 = time.perf_counter()
+            out = denoise(res.checkpoint, item["img"], opts)
+            item["seconds"] += share + time.perf_counter() - t1
+            yield product(item, out, res)
+        pending.clear()
+
+    for src, dst in zip(paths, targets):
+        try:
+            img = read_image(src)
+            check_output_format(dst, img)
+        except ImageError as e:
+            yield Outcome(src, {"image": str(src)}, e)
+            continue
+        ckpt = models.get(img.channels)
+        if auto_adapt and not ckpt.extra.get("ood"):
+            raise CheckpointError(
+                f"automatic adaptation needs OOD statistics, and {ckpt.source} has none "
+                "(add them with `indeed calibrate`)"
+            )
+        t0 = time.perf_counter()
+        ood: dict = {}
+        with progress(src.name, n_tiles(*img.size, opts)) as advance:
+            if need_stats:
+                dec = decompose(ckpt, img, opts, progress=advance)
+                stats = ckpt.extra.get("ood")
+                if stats and ood_threshold is not None:
+                    stats = {**stats, "threshold": ood_threshold}
+                ood = ood_report(ood_features(dec), stats)
+                out = dec.maps["L"] + dec.maps["S"]
+            else:
+                out = denoise(ckpt, img, opts, progress=advance)
+        item = {"src": src, "dst": dst, "img": img, "ckpt": ckpt, "ood": ood, "seconds": time.perf_counter() - t0}
+        if auto_adapt and ood["ood"]:
+            pending.append(item)  # written once adapted, in groups on a GPU
+            if len(pending) >= default_group(models.device):
+                yield from adapt_pending()
+        else:
+            yield product(item, out)
+    yield from adapt_pending()

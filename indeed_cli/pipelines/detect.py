@@ -1,0 +1,109 @@
+"""Detect anomalies in files and folders: a map, a score and a decision per image."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..inference import InferenceOptions
+from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via, read_image
+from ..model import Checkpoint
+from ..tasks.detection import detect, detect_tiles, readout_scales, stored_threshold
+from .inputs import UsageError, expand_inputs, require_folder, skip_done, stem
+from .runner import ModelCache, Outcome, Product, TileProgress, no_progress, run_ordered
+
+
+def heat(v: np.ndarray) -> np.ndarray:
+    """[0,1] -> RGB uint8, black-red-yellow-white ramp."""
+    v = np.clip(v, 0, 1)[..., None]
+    stops = np.array([[0, 0, 0], [180, 20, 20], [250, 200, 30], [255, 255, 255]], np.float32)
+    pos = v * 3
+    i = np.minimum(pos.astype(int), 2)
+    f = pos - i
+    return (stops[i[..., 0]] * (1 - f) + stops[i[..., 0] + 1] * f).astype(np.uint8)
+
+
+def map_files(folder: Path, name: str) -> dict[str, Path]:
+    """The files one image's read-out is written to."""
+    return {
+        "anomaly": folder / f"{name}_anomaly.png",
+        "overlay": folder / f"{name}_overlay.png",
+        "mask": folder / f"{name}_mask.png",
+        "npz": folder / f"{name}.npz",
+    }
+
+
+def write_maps(img: LoadedImage, amap: np.ndarray, threshold: float, files: dict[str, Path]) -> None:
+    """Heat map (the threshold at mid-scale), overlay on the image, mask at the threshold, float npz."""
+    view = amap / (2 * threshold) if threshold > 0 else amap / max(float(amap.max()), 1e-12)
+    hm = heat(view)
+    gray = np.repeat((np.clip(img.data.mean(0), 0, 1) * 255)[..., None], 3, -1)
+    a = np.clip(view, 0, 1)[..., None] * 0.7
+    overlay = (gray * (1 - a) + hm * a).astype(np.uint8)
+    mask = ((amap > threshold) * 255).astype(np.uint8)
+    atomic_save(Image.fromarray(hm, "RGB"), files["anomaly"])
+    atomic_save(Image.fromarray(overlay, "RGB"), files["overlay"])
+    atomic_save(Image.fromarray(mask, "L"), files["mask"])
+    atomic_write_via(files["npz"], lambda p: np.savez_compressed(p, anomaly_map=amap.astype(np.float32)))
+
+
+def detect_folder(
+    inputs: Sequence[str | Path],
+    maps: str | Path,
+    *,
+    threshold: float | None = None,
+    scales: tuple[float, ...] | None = None,
+    weights: str | Path | Checkpoint | None = None,
+    device: str = "auto",
+    options: InferenceOptions | None = None,
+    recursive: bool = False,
+    force: bool = False,
+    skip_existing: bool = False,
+    on_outcome: Callable[[Outcome], None] | None = None,
+    progress: TileProgress = no_progress,
+) -> list[Outcome]:
+    """Map anomalies of ``inputs`` into the folder ``maps`` (:func:`map_files` names the files).
+
+    ``threshold`` and ``scales`` default to what the detector was calibrated with.  Each Outcome's
+    record holds the image score, whether it is anomalous (score above the threshold), the share of
+    pixels above the threshold and the map files.  Errors as :func:`~indeed_cli.pipelines.denoise_folder`.
+    """
+    maps = Path(maps)
+    opts = options or InferenceOptions()
+    paths = expand_inputs(inputs, recursive)
+    require_folder(maps, "--maps")
+    plans = [map_files(maps, stem(p)) for p in paths]
+    paths, plans, skipped = skip_done(paths, plans, skip_existing, force)
+    models = ModelCache(weights, device, task="detect")
+
+    def steps() -> Iterator[Product | Outcome]:
+        for src, files in zip(paths, plans):
+            try:
+                img = read_image(src)
+                ck = models.get(img.channels)
+                t = threshold if threshold is not None else stored_threshold(ck)
+                if t is None:
+                    raise UsageError(f"{ck.source} stores no threshold; pass --threshold")
+                use = scales or readout_scales(ck)
+                with progress(src.name, detect_tiles(ck, *img.size, opts, use)) as advance:
+                    det = detect(ck, img, opts, progress=advance, scales=use)
+            except ImageError as e:
+                yield Outcome(src, {"image": str(src)}, e)
+                continue
+            amap = det.anomaly_map
+            record = {
+                "image": str(src),
+                "score": round(det.score, 6),
+                "anomalous": bool(det.score > t),
+                "threshold": t,
+                "anomalous_fraction": round(float((amap > t).mean()), 6),
+                "maps": {k: str(v) for k, v in files.items()},
+            }
+            yield Product(
+                src, lambda a=(img, amap, t, files): write_maps(*a), record, 20 * amap.nbytes
+            )  # float64 overlay temporaries: ~80 bytes a pixel
+
+    return run_ordered(steps(), on_outcome, skipped)

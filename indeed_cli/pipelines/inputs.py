@@ -1,0 +1,123 @@
+"""Which files a folder run reads and writes, decided before any work is done.
+
+Inputs are files, folders (their images, sorted; sub-folders with ``recursive``), glob patterns
+and ``-`` (standard input).  Outputs never overwrite an input, never collide, and are refused
+when they exist unless ``force``; ``skip_existing`` leaves out inputs whose outputs all exist.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..io import STDIO, is_image_path, is_stdio
+
+
+class UsageError(ValueError):
+    """The request cannot run as given (bad inputs, outputs or settings); nothing was written."""
+
+
+def stem(path: Path) -> str:
+    """The name outputs are made from: the file's stem, ``stdin`` for standard input."""
+    return "stdin" if is_stdio(path) else path.stem
+
+
+def expand_inputs(inputs: Sequence[str | Path], recursive: bool = False) -> list[Path]:
+    """Files, folders (their images, sorted), glob patterns and ``-`` (standard input) ->
+    unique image paths."""
+    out: list[Path] = []
+    for spec in map(str, inputs):
+        p = Path(spec).expanduser()
+        if spec == STDIO:
+            out.append(Path(STDIO))
+        elif p.is_dir():
+            it = p.rglob("*") if recursive else p.iterdir()
+            found = sorted(q for q in it if q.is_file() and is_image_path(q) and not q.name.startswith("."))
+            if not found:
+                raise UsageError(f"no images found in folder {spec}")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        elif any(c in spec for c in "*?["):
+            found = sorted(Path(q) for q in glob.glob(spec, recursive=True) if Path(q).is_file())
+            if not found:
+                raise UsageError(f"no files match {spec!r}")
+            out.extend(found)
+        else:
+            raise UsageError(f"no such file or folder: {spec}")
+    seen, unique = set(), []
+    for p in out:
+        key = STDIO if is_stdio(p) else p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def plan_outputs(
+    inputs: list[Path], output: Path, suffix: str = ".png", force: bool = False, skip_existing: bool = False
+) -> tuple[list[Path], list[Path], list[Path]]:
+    """Where each input's result goes: ``output`` itself for one input with an image suffix,
+    else ``output/<stem><suffix>``.  Refuses input overwrites, stem clashes and (without
+    --force) existing files, before any work is done.  Returns the inputs to process, their
+    targets, and the inputs left out by ``skip_existing``.  ``-o -`` (one input) is standard output."""
+    if is_stdio(output):
+        if len(inputs) != 1:
+            raise UsageError(f"-o - (standard output) takes one input, not {len(inputs)}")
+        if skip_existing:
+            raise UsageError("--skip-existing cannot check standard output")
+        return inputs, [output], []
+    as_file = len(inputs) == 1 and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir()
+    if not as_file and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir():
+        raise UsageError(f"{len(inputs)} inputs need an output folder, not the file name {output}")
+    targets = [output] if as_file else [output / f"{stem(p)}{suffix}" for p in inputs]
+    inputs, plans, skipped = skip_done(inputs, [{"output": t} for t in targets], skip_existing, force)
+    return inputs, [plan["output"] for plan in plans], skipped
+
+
+def skip_done(
+    inputs: list[Path], plans: list[dict[str, Path]], skip_existing: bool, force: bool
+) -> tuple[list[Path], list[dict[str, Path]], list[Path]]:
+    """The inputs still to do with their planned files, and (with --skip-existing) the inputs left
+    out because all their planned files exist.  What remains is checked by check_targets, so an
+    input with only some of its outputs is refused without --force: never overwritten silently."""
+    if skip_existing and force:
+        raise UsageError("--skip-existing and --force contradict each other; choose one")
+    done = [skip_existing and bool(plan) and all(f.exists() for f in plan.values()) for plan in plans]
+    skipped = [p for p, d in zip(inputs, done) if d]
+    todo = [i for i, d in enumerate(done) if not d]
+    inputs, plans = [inputs[i] for i in todo], [plans[i] for i in todo]
+    check_targets(inputs, [f for plan in plans for f in plan.values()], force)
+    return inputs, plans, skipped
+
+
+def require_folder(path: Path, option: str) -> None:
+    """An output folder option must not name an existing file."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} must be a folder, and {path} is a file")
+
+
+def check_targets(inputs: list[Path], targets: list[Path], force: bool) -> None:
+    ins = {p.resolve() for p in inputs if not is_stdio(p)}
+    seen: dict[Path, int] = {}
+    for t in targets:
+        r = t.resolve()
+        if r in ins:
+            raise UsageError(f"refusing to overwrite the input {t}; choose another output")
+        if r in seen:
+            raise UsageError(f"two inputs would write the same output {t} (same file stem); run them separately")
+        seen[r] = 1
+        if t.exists() and not force:
+            raise UsageError(f"output exists: {t} (use --force to overwrite)")
+
+
+def parse_scales(text: str) -> tuple[float, ...]:
+    """'1,0.5,0.25' -> (1.0, 0.5, 0.25): image pyramid or read-out scales, each in (0, 1], no repeats."""
+    try:
+        scales = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--scales must be comma-separated numbers, got {text!r}") from None
+    if not scales or any(not 0 < v <= 1 for v in scales) or len(set(scales)) != len(scales):
+        raise UsageError(f"--scales must be distinct numbers in (0, 1], got {text!r}")
+    return scales

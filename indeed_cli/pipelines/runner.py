@@ -1,0 +1,179 @@
+"""The per-image machinery of every folder pipeline: models, ordered writes, outcomes.
+
+A pipeline computes one image after another and yields, per input, either a :class:`Product`
+(its result, with the function that writes its files) or an :class:`Outcome` (a failure, or
+an input left out).  :func:`run_ordered` writes the products on worker threads while the next
+image is computed and turns every step into an :class:`Outcome`, in the order the steps came.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..inference import resolve_device
+from ..io import ImageError
+from ..model import Checkpoint, CheckpointError, load_checkpoint, resolve_weights
+from .inputs import UsageError
+
+# a per-image progress display: (image name, total tiles) -> context giving an advance(n) callback
+TileProgress = Callable[[str, int], AbstractContextManager[Callable[[int], object]]]
+
+
+def no_progress(name: str, total: int) -> AbstractContextManager[Callable[[int], object]]:
+    return nullcontext(lambda n: None)
+
+
+@dataclass
+class Outcome:
+    """What happened to one input: its record (the facts of its JSON line), or why it failed, or
+    that it was left out (``skipped``: its outputs existed)."""
+
+    source: Path
+    record: dict = field(default_factory=dict)
+    error: Exception | None = None
+    skipped: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.skipped
+
+
+@dataclass
+class Product:
+    """One computed image: ``write()`` writes its files (on a writer thread; may raise ImageError)
+    and returns facts to add to ``record``; ``nbytes``: the memory its outputs hold."""
+
+    source: Path
+    write: Callable[[], dict | None]
+    record: dict = field(default_factory=dict)
+    nbytes: int = 0
+
+
+def run_ordered(
+    steps: Iterable[Product | Outcome],
+    on_outcome: Callable[[Outcome], None] | None = None,
+    skipped: Sequence[Path] = (),
+    workers: int = 2,
+) -> list[Outcome]:
+    """Write each product while the next step is computed; one Outcome per step, in step order,
+    each passed to ``on_outcome`` as soon as it is final.  The ``skipped`` inputs (left out because
+    their outputs exist) come first, as skipped Outcomes."""
+    outcomes: list[Outcome] = []
+    ready: deque[Outcome] = deque(Outcome(p, {"image": str(p), "skipped": True}, skipped=True) for p in skipped)
+
+    def flush() -> None:
+        while ready:
+            o = ready.popleft()
+            outcomes.append(o)
+            if on_outcome is not None:
+                on_outcome(o)
+
+    flush()
+    with OrderedWriter(workers) as writer:
+        for step in steps:
+            if isinstance(step, Outcome):
+                writer.then(lambda o=step: ready.append(o))
+            else:
+
+                def done(result, error, p=step) -> None:
+                    ready.append(Outcome(p.source, {**p.record, **(result or {})}, error))
+
+                writer.submit(step.write, done, step.nbytes)
+            flush()
+    flush()
+    return outcomes
+
+
+class OrderedWriter:
+    """Writes each image's outputs on a worker thread while the next image is computed, and hands
+    each result (or its ImageError) to the job's ``done`` on the main thread, in submission order,
+    so JSON lines, failure reports and counts keep the input order.
+
+    Why: on a GPU, encoding a 512x512 PNG (~50 ms) takes longer than denoising it (~8 ms);
+    PNG and zlib encoding release the GIL, so the writes overlap the computation.  Memory stays
+    bounded: jobs hold at most ``max_bytes`` of outputs together (a larger one waits for the
+    others and runs alone), so one huge image is never held twice.  Every file is still written
+    atomically; on an interrupt, waiting jobs are dropped and running ones finish.
+    """
+
+    def __init__(self, workers: int = 2, max_bytes: int = 256 << 20):
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="indeed-write") if workers > 0 else None
+        self.max_bytes = max_bytes
+        self.pending: deque[tuple[Future, Callable, int]] = deque()
+        self.held = 0
+
+    def submit(
+        self, write: Callable[[], object], done: Callable[[object, ImageError | None], None], nbytes: int = 0
+    ) -> None:
+        """Run ``write()`` (which may raise ImageError), then ``done(result, error)`` in order."""
+        while self.pending and (self.held + nbytes > self.max_bytes or self.pending[0][0].done()):
+            self._finish_oldest()
+        if self.pool is None or nbytes > self.max_bytes:
+            self._finish_all()
+            try:
+                done(write(), None)
+            except ImageError as e:
+                done(None, e)
+            return
+        self.pending.append((self.pool.submit(write), done, nbytes))
+        self.held += nbytes
+
+    def then(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` in order after the jobs submitted so far (e.g. a read failure's report)."""
+        self.submit(lambda: None, lambda *_: callback())
+
+    def _finish_oldest(self) -> None:
+        fut, done, nbytes = self.pending.popleft()
+        self.held -= nbytes
+        try:
+            result, error = fut.result(), None
+        except ImageError as e:
+            result, error = None, e
+        done(result, error)
+
+    def _finish_all(self) -> None:
+        while self.pending:
+            self._finish_oldest()
+
+    def __enter__(self) -> OrderedWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self._finish_all()
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class ModelCache:
+    """Loads each checkpoint once; picks the bundled model by channel count when no weights are named.
+    ``weights`` may also be a loaded :class:`Checkpoint`, used for every image."""
+
+    def __init__(self, weights: str | Path | Checkpoint | None, device: str = "auto", task: str = "denoise"):
+        try:
+            self.device = resolve_device(device)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        self.weights, self.task = weights, task
+        self._loaded: dict[str, Checkpoint] = {}
+
+    def get(self, channels: int) -> Checkpoint:
+        """The checkpoint for an image of ``channels`` channels; CheckpointError when it cannot be used."""
+        if isinstance(self.weights, Checkpoint):
+            ck, path = self.weights, self.weights.source
+        else:
+            path = resolve_weights(None if self.weights is None else str(self.weights), channels, self.task)
+            key = str(path.resolve())
+            if key not in self._loaded:
+                self._loaded[key] = load_checkpoint(path, self.device)
+            ck = self._loaded[key]
+        if ck.config.task != self.task:
+            raise CheckpointError(f"{path} is a {ck.config.task} checkpoint; this needs a {self.task} one")
+        return ck

@@ -1,0 +1,130 @@
+"""Train a model from folders of images with a named recipe, then calibrate it for deployment.
+
+`indeed train` is this function with options; both build the same model from the same recipe
+(:mod:`indeed_cli.tasks.training.recipes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from ..model import CheckpointError, ModelConfig, read_metadata, resolve_weights
+from ..tasks.detection import PRESETS
+from ..tasks.training import detect_batch_fn, image_pyramid, list_images, load_images, recipe, run_training
+from .calibrate import calibrate_checkpoint
+from .inputs import UsageError
+
+
+def train(
+    data: Sequence[str | Path],
+    out: str | Path,
+    *,
+    task: str = "denoise",
+    channels: int = 3,
+    val: str | Path | None = None,
+    val_count: int | None = None,
+    scales: Sequence[float] | None = None,
+    textures: str | Path | None = None,
+    anomalies: str | None = None,
+    init: str | None = None,
+    model: dict | None = None,
+    ood_samples: int | None = None,
+    device: str = "auto",
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    **settings,
+) -> dict:
+    """Train (or resume) a ``task`` model on the images of ``data`` (folders or .txt lists) into the
+    run folder ``out``, which ends with ``model.safetensors``, calibrated: a detector gets its
+    threshold from the held-out normal images, a denoiser the OOD statistics of its training images.
+
+    Held-out images: ``val`` (a folder or list), else the last ``val_count`` training images.
+    ``model`` overrides fields of the recipe's :class:`~indeed_cli.model.ModelConfig`; ``settings``
+    override fields of its :class:`~indeed_cli.tasks.training.TrainConfig` (steps, batch, lr,
+    time_budget, losses, ...).  ``init``: a checkpoint whose weights start the run (its config is
+    used).  Returns the last log record, with ``model`` (the checkpoint's path) on rank 0.
+    """
+    try:
+        rc = recipe(task)
+        tc = rc.train_config(**settings)
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    out = Path(out)
+    pyramid = tuple(scales or rc.scales)
+    if val_count is None:
+        val_count = rc.val_count
+    try:
+        paths = [p for spec in data for p in list_images(spec)]
+        val_paths = list_images(val) if val else []
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    if not val and val_count:
+        paths, val_paths = paths[:-val_count], paths[-val_count:]
+    if not paths:
+        raise UsageError("no training images")
+    if task == "detect" and not val_paths:
+        raise UsageError(
+            "--task detect needs held-out normal images (--val DIR or --val-count N) to learn its threshold"
+        )
+    try:
+        cfg = rc.model_config(channels, **(model or {}))
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    if init:
+        init = str(resolve_weights(init, channels, task))
+        cfg = ModelConfig.from_dict(read_metadata(init)["config"])
+        if cfg.task != task or cfg.channels != channels:
+            raise CheckpointError(
+                f"--init {init} is a {cfg.channels}-channel {cfg.task} model; this run is a "
+                f"{channels}-channel {task} one"
+            )
+        tc = rc.train_config(**{**settings, "init": init})
+    log(f"training on {len(paths)} images, validating on {len(val_paths)}")
+    facts: dict = {"task": task, "data": [str(d) for d in data], "n_train": len(paths), "n_val": len(val_paths)}
+    make_batch = None
+    if task == "detect":
+        preset = anomalies or rc.anomalies
+        if preset not in PRESETS:
+            raise UsageError(f"--anomalies must be one of {sorted(PRESETS)}, got {preset!r}")
+        tex = load_images(list_images(textures), channels) if textures else None
+        make_batch = detect_batch_fn(tex, PRESETS[preset])
+        facts.update(
+            textures=str(textures) if textures else None,
+            anomalies={"preset": preset, **asdict(PRESETS[preset])},
+            scales=list(pyramid),
+        )
+    val_images = load_images(val_paths, channels) if task == "denoise" else []
+    train_images = load_images(paths, channels)
+    if pyramid != (1.0,):
+        train_images = image_pyramid(train_images, pyramid)
+        if task == "denoise":  # detection mirror-extends small images; denoising crops only whole patches
+            train_images = [im for im in train_images if min(im.shape[1:]) >= tc.patch]
+            facts["augment_scales"] = list(pyramid)
+    try:
+        rec = run_training(
+            cfg,
+            tc,
+            train_images,
+            out,
+            val_images or None,
+            device=device,
+            facts=facts,
+            make_batch=make_batch,
+            progress=progress,
+            log=log,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if rec.get("rank", 0) != 0:  # other torchrun ranks: rank 0 calibrates and reports
+        return rec
+    samples = rc.ood_samples if ood_samples is None else ood_samples
+    model_path = out / "model.safetensors"
+    if task == "detect" or samples:
+        # detect: threshold from the held-out normal images; denoise: OOD statistics of the training data
+        _, key, cal = calibrate_checkpoint(
+            model_path, model_path, val_paths if task == "detect" else paths, device, samples
+        )
+        log(f"{key} threshold {cal['threshold']:.4g} stored in {model_path}")
+    return {**rec, "model": str(model_path)}

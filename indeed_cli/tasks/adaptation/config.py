@@ -1,0 +1,61 @@
+"""Settings and results of active generalization (paper §3.5), and the measured defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ...model import Checkpoint
+
+# Learning rates measured for the shipped colour model (docs/reports/2026-11-26-adaptation.md): one
+# adaptation on a whole folder (AG) needs smaller steps than one per image (OAG) to stay inside the
+# trust region.
+AG_LR = 1e-5
+OAG_LR = 3e-5
+# Most steps: per image (OAG), 12 scored at least as well as 20 on both halves of PolyU100 and
+# ran about 25% faster (docs/reports/2026-11-26-adaptation.md); AG keeps the 20 it was measured with.
+AG_STEPS = 20
+OAG_STEPS = 12
+
+
+@dataclass
+class AdaptConfig:
+    modules: str = "S"
+    steps: int | None = None  # None: AG_STEPS in adapt() (InDeedAG), OAG_STEPS in adapt_each() (InDeedOAG)
+    lr: float | None = None  # None: AG_LR in adapt() (InDeedAG), OAG_LR in adapt_each()/adapt_images() (InDeedOAG)
+    batch: int = 8
+    eval_every: int = 2
+    patience: int = 6
+    eval_tiles: int = 16
+    max_tiles: int = 512
+    train_stride: int | None = None  # step between training tiles; None: the tile size (no overlap)
+    max_change: float = 2.5  # RMS change of L + S on the evaluation tiles, 8-bit units
+    collapse_ratio: float = 0.2
+    noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
+    precision: str = "fp32"  # "bf16": the network runs under bf16 autocast, the objective in fp32
+    sample: bool = True  # reparameterised A, B, S in the steps (the paper's Monte-Carlo ELBO)
+    group: int | None = None  # adaptations run at once (adapt_each); None: 32 on a GPU, 1 on a CPU
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.noise_precision not in ("image", "pixel"):
+            raise ValueError(f"noise_precision must be image or pixel, got {self.noise_precision!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.group is not None and self.group < 1:
+            raise ValueError(f"group must be at least 1, got {self.group}")
+
+
+@dataclass
+class AdaptResult:
+    checkpoint: Checkpoint
+    history: list[dict] = field(default_factory=list)
+    best_step: int = 0
+    stop: str = "steps"
+
+
+def default_group(device: torch.device) -> int:
+    """Adaptations run at once when AdaptConfig.group is unset: batching pays on a GPU (32 was
+    the fastest of 1-64 per image on an H100, docs/results.md) and costs ~10% on a CPU."""
+    return 32 if device.type == "cuda" else 1

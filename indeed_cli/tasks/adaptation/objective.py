@@ -1,0 +1,51 @@
+"""The adaptation objective, Eq. (active generalization loss), and the frozen low-rank factors."""
+
+from __future__ import annotations
+
+import torch
+from torch.func import functional_call
+
+from ...model import posteriors as P
+from .config import AdaptConfig
+
+
+def adaptation_objective(
+    model,
+    params: dict | None,
+    frozen: dict | None,
+    Y: torch.Tensor,
+    cfg: AdaptConfig,
+    sample: bool,
+    factors: tuple | None = None,
+):
+    """Eq. (active generalization loss) per sample and per element, and the output L + S.
+
+    ``params`` None: the model runs with its own weights (one adaptation).  Otherwise
+    ``params`` (the trainable weights) and ``frozen`` (the others) go to the network
+    functionally, so that several copies of the weights can run at once under ``torch.vmap``.
+    ``factors``: the frozen low-rank module's outputs for ``Y`` (:func:`lowrank_factors`).
+    """
+    if params is None:
+        with torch.autocast(Y.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            d = model(Y, sample=sample, factors=factors)
+    else:
+        d = functional_call(model, {**params, **frozen}, (Y,), {"sample": sample, "factors": factors})
+    d = d.float()
+    obj = P.collapsed_objective(d, Y.float(), cfg.modules, model.cfg.priors, cfg.noise_precision == "image")
+    return obj / float(Y[0].numel()), d.L_hat + d.mu_S
+
+
+def lowrank_factors(model, tiles: torch.Tensor, cfg: AdaptConfig, chunk: int = 256) -> tuple[torch.Tensor, ...]:
+    """(mu_A, sigma_A, mu_B, sigma_B) of every tile (leading dims kept), from the frozen low-rank
+    module, computed once: when only f_thetaS adapts they do not change between steps, and
+    recomputing them took about 14% of a forward pass (docs/reports/2026-11-26-adaptation.md).  Same precision as the
+    adaptation's forward passes, so that the objective is the one without the cache."""
+    flat = tiles.reshape(-1, *tiles.shape[-3:])
+    with torch.no_grad(), torch.autocast(tiles.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+        parts = [model.lowrank(flat[i : i + chunk]) for i in range(0, len(flat), chunk)]
+    return tuple(torch.cat(p).reshape(*tiles.shape[:-3], *p[0].shape[1:]) for p in zip(*parts))
+
+
+def take(factors: tuple | None, fn) -> tuple | None:
+    """``fn`` applied to each cached factor tensor (None stays None)."""
+    return None if factors is None else tuple(fn(f) for f in factors)

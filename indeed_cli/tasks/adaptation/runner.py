@@ -1,0 +1,275 @@
+"""Active generalization (paper §3.5): fine-tune one module on out-of-distribution images.
+
+  InDeedAG  (mode "ag"):  one adaptation on all images of a folder, then inference on each;
+  InDeedOAG (mode "oag"): a fresh copy of the weights adapted on each image alone.
+
+Objective: :mod:`.objective`; stopping rule: :mod:`.stopping`; settings and defaults: :mod:`.config`.
+
+Several independent adaptations (OAG on a folder) run at once: their weights are stacked
+and the network runs under ``torch.vmap`` (``AdaptConfig.group`` at a time), each with its
+own batches, Adam state (Adam is element-wise, so one optimizer over stacked weights is K
+independent ones) and early stopping.  On a GPU this amortises the kernel launches that
+dominate one small adaptation (docs/results.md); the result for an image does not
+depend on which others share its group (tested).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, replace
+
+import numpy as np
+import torch
+from torch.func import vmap
+
+from ...inference import TileGrid, as_model_channels
+from ...model import Checkpoint
+from .config import AG_LR, AG_STEPS, OAG_LR, OAG_STEPS, AdaptConfig, AdaptResult, default_group
+from .objective import adaptation_objective, lowrank_factors, take
+from .stopping import EarlyStopping
+
+
+def tiles_of(
+    images: list[np.ndarray], tile: int, max_tiles: int, gen: torch.Generator, stride: int | None = None
+) -> torch.Tensor:
+    """Reflected tiles of all images at ``stride`` (default ``tile``: non-overlapping), a random
+    subset of at most ``max_tiles`` when there are more (chosen before cutting)."""
+    grids = [TileGrid(im.shape[1], im.shape[2], tile, tile - (stride or tile)) for im in images]
+    spots = [(i, y, x) for i, g in enumerate(grids) for y, x in g.positions()]
+    if len(spots) > max_tiles:
+        spots = [spots[j] for j in torch.randperm(len(spots), generator=gen)[:max_tiles].tolist()]
+    tensors: dict[int, torch.Tensor] = {}
+    out = []
+    for i, y, x in spots:
+        if i not in tensors:
+            tensors[i] = torch.from_numpy(np.ascontiguousarray(images[i], dtype=np.float32))
+        out.append(grids[i].cut(tensors[i], y, x))
+    return torch.stack(out)
+
+
+def adapt(
+    ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptConfig(), tile: int = 128, log=None
+) -> AdaptResult:
+    """InDeedAG: fine-tune one copy of ``ckpt`` on all ``images`` ((C, h, w) floats in [0, 1],
+    the model's channels)."""
+    if cfg.lr is None:
+        cfg = replace(cfg, lr=AG_LR)
+    if cfg.steps is None:
+        cfg = replace(cfg, steps=AG_STEPS)
+    return adapt_each(ckpt, [images], cfg, tile, log)[0]
+
+
+def adapt_each(
+    ckpt: Checkpoint, image_sets: list[list[np.ndarray]], cfg: AdaptConfig = AdaptConfig(), tile: int = 128, log=None
+) -> list[AdaptResult]:
+    """One independent adaptation of ``ckpt`` per entry of ``image_sets`` (InDeedOAG: one entry
+    per image), ``cfg.group`` entries at a time as one batched network.
+
+    The tiles of every entry and one adapted model per entry are held on the device until the
+    call returns, so pass a bounded number of entries (the CLI passes one group at a time).
+    """
+    cfg.check()
+    if cfg.lr is None:
+        cfg = replace(cfg, lr=OAG_LR)
+    if cfg.steps is None:
+        cfg = replace(cfg, steps=OAG_STEPS)
+    device = next(ckpt.model.parameters()).device
+    model = ckpt.model.detached_copy()
+    model.requires_grad_(False)
+    trainable = {id(p) for m in model.modules_for(cfg.modules) for p in m.parameters()}
+    names = [n for n, p in model.named_parameters() if id(p) in trainable]
+    frozen = {n: t for n, t in [*model.named_parameters(), *model.named_buffers()] if n not in names}
+    torch.manual_seed(cfg.seed)
+    jobs = []
+    for images in image_sets:
+        gen = torch.Generator().manual_seed(cfg.seed)
+        pool = tiles_of(images, tile, cfg.max_tiles, gen).to(device)
+        # at least one evaluation tile per image (up to 128): with many images (AG), 16 tiles
+        # misjudged the objective and stopped adaptation early (docs/reports/2026-11-26-adaptation.md)
+        eval_set = pool[: max(cfg.eval_tiles, min(len(images), 128))]
+        if (
+            cfg.train_stride and cfg.train_stride < tile
+        ):  # overlapping training tiles (off: docs/reports/2026-11-26-adaptation.md)
+            pool = tiles_of(images, tile, cfg.max_tiles, gen, cfg.train_stride).to(device)
+        jobs.append({"pool": pool, "eval": eval_set, "gen": gen, "batch": min(cfg.batch, len(pool))})
+    group = cfg.group or default_group(device)
+    by_shape: dict[tuple, list[int]] = {}
+    for i, j in enumerate(jobs):  # entries batch together when their tensors have the same shapes
+        by_shape.setdefault((j["batch"], *j["eval"].shape), []).append(i)
+    results: list[AdaptResult | None] = [None] * len(jobs)
+    for members in by_shape.values():
+        for c in range(0, len(members), group):
+            chunk = members[c : c + group]
+            outcome = _adapt_group(model, names, frozen, [jobs[i] for i in chunk], cfg, log)
+            for i, (best, history, best_step, stop) in zip(chunk, outcome):
+                adapted = copy.deepcopy(model)
+                with torch.no_grad():
+                    for n, v in best.items():
+                        adapted.get_parameter(n).copy_(v)
+                adapted.eval()
+                training = {
+                    **ckpt.training,
+                    "adapted": {
+                        "parent": ckpt.source,
+                        **asdict(cfg),
+                        "best_step": best_step,
+                        "stop": stop,
+                        "loss_curve": history,
+                    },
+                }
+                results[i] = AdaptResult(
+                    Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
+                    history,
+                    best_step,
+                    stop,
+                )
+    return results
+
+
+def adapt_images(
+    items: list[tuple[Checkpoint, np.ndarray]], cfg: AdaptConfig = AdaptConfig(), tile: int = 128
+) -> tuple[list[AdaptResult], list[int]]:
+    """InDeedOAG on (checkpoint, (C, h, w) image) pairs, those sharing a checkpoint in one
+    :func:`adapt_each` call, each image shaped for its model (:func:`as_model_channels`).
+
+    Returns the results in input order and, per image, how many were adapted together.
+    """
+    by_model: dict[int, list[int]] = {}
+    for i, (ckpt, _) in enumerate(items):
+        by_model.setdefault(id(ckpt), []).append(i)
+    results: list = [None] * len(items)
+    together = [1] * len(items)
+    for members in by_model.values():
+        ckpt = items[members[0]][0]
+        sets = [as_model_channels(items[i][1], ckpt.config.channels) for i in members]
+        for i, res in zip(members, adapt_each(ckpt, sets, cfg, tile)):
+            results[i], together[i] = res, len(members)
+    return results, together
+
+
+def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: AdaptConfig, log):
+    """The adaptation loop for K entries whose batches have the same shapes (see module doc).
+
+    One entry runs the network directly on a working copy; several run under ``torch.vmap``
+    with stacked weights, and entries that stop are dropped from the stack (with their Adam
+    state) so that the others run alone.  Returns per entry: its best trainable weights,
+    history, best step and stop reason.
+    """
+    K = len(jobs)
+    device = jobs[0]["pool"].device
+    cached = cfg.modules == "S"  # the frozen low-rank module's outputs are computed once
+    if K == 1:  # the plain network: no functional_call or vmap overhead for a single adaptation
+        work = copy.deepcopy(model)
+        params = {n: work.get_parameter(n).requires_grad_(True) for n in names}
+
+        def run(p, Y, sample, F):
+            obj, X = adaptation_objective(work, None, None, Y[0], cfg, sample, take(F, lambda f: f[0]))
+            return obj[None], X[None]
+
+        view = {n: v.unsqueeze(0) for n, v in params.items()}  # (1, ...) views of the live weights
+    else:
+        # Autocast does not reach convolutions with vmapped weights.  bf16 is therefore done by
+        # hand where it is safe: f_thetaS alone, fp32 master weights cast to bf16 in each pass
+        # (their gradients flow back to fp32 Adam), the image and the objective kept in fp32
+        # (f_thetaS casts its input); the cached low-rank factors come from autocast, as in a
+        # single adaptation.  Rounding the image itself to bf16 had cost 0.6 dB on PolyU100
+        # (docs/reports/2026-11-26-adaptation.md).  Otherwise fp32.
+        half = cfg.precision == "bf16" and cached
+        if not half:
+            cfg = replace(cfg, precision="fp32")
+        base = dict(model.named_parameters())
+        params = {n: base[n].detach().unsqueeze(0).repeat(K, *[1] * base[n].dim()).requires_grad_(True) for n in names}
+
+        def objective(p, Y, F, s):
+            if half:
+                p = {n: v.to(torch.bfloat16) for n, v in p.items()}
+            return adaptation_objective(model, p, frozen, Y, cfg, s, F)
+
+        vmapped = {
+            s: vmap(
+                lambda p, Y, F, s=s: objective(p, Y, F, s),
+                in_dims=(0, 0, 0 if cached else None),
+                randomness="different",
+            )
+            for s in (True, False)
+        }
+
+        def run(p, Y, sample, F):
+            return vmapped[sample](p, Y, F)
+
+        view = params
+    best_params = {n: v.detach().clone() for n, v in view.items()}
+    opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
+    E = torch.stack([j["eval"] for j in jobs])  # (K, n_eval, C, t, t)
+    size = max(len(j["pool"]) for j in jobs)
+    pools = torch.zeros((K * size, *jobs[0]["pool"].shape[1:]), device=device)
+    for k, j in enumerate(jobs):
+        pools[k * size : k * size + len(j["pool"])] = j["pool"]
+    b = jobs[0]["batch"]
+    pool_factors = lowrank_factors(model, pools, cfg) if cached else None
+    eval_factors = lowrank_factors(model, E, cfg) if cached else None
+    alive = list(range(K))  # entries still adapting, in stack order
+
+    def evaluate(X0=None):
+        with torch.no_grad():
+            obj, X = run(params, E, False, eval_factors)
+            loss, abs_N = obj.mean(1), (E - X).abs().flatten(1).mean(1)
+            change = 255 * (X - X0).square().flatten(1).mean(1).sqrt() if X0 is not None else torch.zeros_like(loss)
+            rows = torch.stack([loss, abs_N, change], 1).tolist()  # one host sync per evaluation
+        return [dict(zip(("loss", "abs_N", "change"), r)) for r in rows], X
+
+    start, X0 = evaluate()
+    history = [[{"step": 0, **s}] for s in start]
+    rules = [EarlyStopping.start(cfg, s) for s in start]
+    for step in range(1, cfg.steps + 1):
+        idx = torch.stack([torch.randint(len(jobs[k]["pool"]), (b,), generator=jobs[k]["gen"]) for k in alive])
+        rows = (idx + torch.tensor(alive)[:, None] * size).flatten().to(device)
+        obj, _ = run(
+            params,
+            pools[rows].view(len(alive), b, *pools.shape[1:]),
+            cfg.sample,
+            take(pool_factors, lambda f, rows=rows, n=len(alive): f[rows].view(n, b, *f.shape[1:])),
+        )
+        opt.zero_grad(set_to_none=True)
+        obj.mean(1).sum().backward()  # entries are independent: the sum gives each its own gradient
+        opt.step()
+        if step % cfg.eval_every and step != cfg.steps:
+            continue
+        recs, _ = evaluate(X0)
+        improved, keep = [], []
+        for pos, (k, rec) in enumerate(zip(alive, recs)):
+            rec = {"step": step, **rec}
+            history[k].append(rec)
+            if log:
+                log(rec if K == 1 else {"entry": k, **rec})
+            if rules[k].update(rec):
+                improved.append((pos, k))
+            if rules[k].running:
+                keep.append(pos)
+        if improved:
+            src = torch.tensor([p for p, _ in improved], device=device)
+            dst = torch.tensor([k for _, k in improved], device=device)
+            with torch.no_grad():
+                for n, v in view.items():
+                    best_params[n].index_copy_(0, dst, v.detach().index_select(0, src))
+        if not keep:
+            break
+        if len(keep) < len(alive):  # drop the stopped entries from the stack (never when K == 1)
+            sel = torch.tensor(keep, device=device)
+            old, params = params, {n: v.detach().index_select(0, sel).requires_grad_(True) for n, v in params.items()}
+            state = {
+                n: {
+                    key: (t.index_select(0, sel) if torch.is_tensor(t) and t.dim() else t)
+                    for key, t in opt.state[old[n]].items()
+                }
+                for n in names
+            }
+            opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
+            for n, v in params.items():
+                opt.state[v] = state[n]
+            view, E, X0 = params, E[sel], X0[sel]
+            eval_factors = take(eval_factors, lambda f, sel=sel: f[sel])
+            alive = [alive[p] for p in keep]
+    return [
+        ({n: v[k] for n, v in best_params.items()}, history[k], rules[k].best_step, rules[k].stop) for k in range(K)
+    ]

@@ -1,0 +1,43 @@
+"""Anomaly detection (paper §3.6): synthetic anomalies for training, maps and scores from the
+posterior of S, and the threshold learned from normal images."""
+
+from .calibration import QUANTILE, calibrate
+from .filters import blur, blur_batch, gaussian_blur, resize, scaled_size
+from .maps import (
+    DEFAULT_SCORE,
+    SCORE_DEFINITIONS,
+    Detection,
+    anomaly_map_from_sparse,
+    detect,
+    detect_tiles,
+    image_score,
+    readout_scales,
+    scale_maps,
+    score_kind,
+    stored_threshold,
+)
+from .synthesis import PRESETS, AnomalyConfig, synthesize
+
+__all__ = [
+    "DEFAULT_SCORE",
+    "PRESETS",
+    "QUANTILE",
+    "SCORE_DEFINITIONS",
+    "AnomalyConfig",
+    "Detection",
+    "anomaly_map_from_sparse",
+    "blur",
+    "blur_batch",
+    "calibrate",
+    "detect",
+    "detect_tiles",
+    "gaussian_blur",
+    "image_score",
+    "readout_scales",
+    "resize",
+    "scale_maps",
+    "scaled_size",
+    "score_kind",
+    "stored_threshold",
+    "synthesize",
+]

@@ -1,0 +1,112 @@
+"""Anomaly maps from the posterior of S, the image score, and what a detector was calibrated with.
+
+Map (docs/guide/detect.md): a(x) = G_2 * mean_c |mu_S(x)|, the posterior-mean magnitude of the sparse
+component averaged over channels and smoothed by a Gaussian of sigma 2 px; the image score is
+the mean of the largest 5% of a(x) ("top5"; chosen on half of the magnetic-tile development set,
+docs/reports/2026-11-26-detection.md).  Detectors calibrated before it keep their score, max_x (G_4 * a)(x) ("max_g4"),
+because their threshold was learned on it.  |mu_S| is used rather than P(s != 0) because sigma_S
+is driven very small by training (about 3e-3), which makes such a probability saturate at 0 or 1
+and lose ranking.
+The threshold is learned from held-out normal images (:mod:`.calibration`); a pixel is marked
+when a(x) exceeds it, an image when its score does.
+
+Multi-scale read-out: a detector trained on an image pyramid (``indeed train --scales``) is run
+on the image resized by each of its scales; the maps are brought back to the input size and
+averaged (large defects need more context than one tile).  The scales are
+stored with the threshold, which is calibrated on the same averaged map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...inference import InferenceOptions, as_image, n_tiles, sparse_mean
+from ...model import Checkpoint
+from .filters import gaussian_blur, resize, scaled_size
+
+MAP_BLUR, SCORE_BLUR, TOP_SHARE = 2.0, 4.0, 0.05
+SCORE_DEFINITIONS = {
+    "top5": f"mean of the largest {TOP_SHARE:.0%} of the map",
+    "max_g4": f"max(gaussian_blur(map, {SCORE_BLUR}))",
+}
+DEFAULT_SCORE = "top5"
+
+
+def anomaly_map_from_sparse(mu_S: np.ndarray) -> np.ndarray:
+    """a(x) = G_2 * mean_c |mu_S(x)| of one (C, h, w) posterior mean of S."""
+    return gaussian_blur(np.abs(mu_S).mean(0), MAP_BLUR)
+
+
+def image_score(amap: np.ndarray, kind: str = DEFAULT_SCORE) -> float:
+    """One number per image from its map: ``top5`` (mean of the largest 5% of the pixels) or
+    ``max_g4`` (maximum after a Gaussian of sigma 4 px; the first detectors' score)."""
+    if kind == "max_g4":
+        return float(gaussian_blur(amap, SCORE_BLUR).max())
+    if kind != "top5":
+        raise ValueError(f"unknown image score {kind!r}; known: {sorted(SCORE_DEFINITIONS)}")
+    flat = np.asarray(amap, dtype=np.float64).ravel()
+    k = max(1, int(round(TOP_SHARE * flat.size)))
+    return float(np.partition(flat, flat.size - k)[-k:].mean())
+
+
+def score_kind(ckpt: Checkpoint) -> str:
+    """The image score a detector's threshold was learned on: its stored ``score_kind``; a detector
+    calibrated before scores had names used ``max_g4``; an uncalibrated one gets the default."""
+    facts = ckpt.extra.get("detect")
+    return facts.get("score_kind", "max_g4") if facts else DEFAULT_SCORE
+
+
+def stored_threshold(ckpt: Checkpoint) -> float | None:
+    """The threshold learned at calibration (``extra.detect.threshold``); None if never calibrated."""
+    return (ckpt.extra.get("detect") or {}).get("threshold")
+
+
+def readout_scales(ckpt: Checkpoint) -> tuple[float, ...]:
+    """The scales a detector reads out at: those it was calibrated (or trained) with; 1 for older ones."""
+    scales = (ckpt.extra.get("detect") or {}).get("scales") or ckpt.training.get("scales") or [1.0]
+    return tuple(float(v) for v in scales)
+
+
+def detect_tiles(ckpt: Checkpoint, h: int, w: int, opts: InferenceOptions, scales=None) -> int:
+    """Tiles a multi-scale read-out runs (for progress bars)."""
+    return sum(n_tiles(*scaled_size(h, w, s), opts) for s in (scales or readout_scales(ckpt)))
+
+
+@dataclass
+class Detection:
+    anomaly_map: np.ndarray  # (h, w) float32
+    score: float
+
+
+def scale_maps(
+    ckpt: Checkpoint,
+    image,
+    opts: InferenceOptions | None = None,
+    progress=None,
+    scales: tuple[float, ...] | None = None,
+) -> np.ndarray:
+    """(n_scales, h, w): G_2 * mean_c |mu_S| of the image resized by each scale, back at input size."""
+    data, _ = as_image(image)
+    h, w = data.shape[1:]
+    maps = []
+    for s in scales or readout_scales(ckpt):
+        small = data if s == 1 else np.clip(resize(data, scaled_size(h, w, s)), 0, 1)
+        a = anomaly_map_from_sparse(sparse_mean(ckpt, small, opts, progress))
+        maps.append(a if s == 1 else resize(a[None], (h, w))[0])
+    return np.stack(maps)
+
+
+def detect(
+    ckpt: Checkpoint,
+    image,
+    opts: InferenceOptions | None = None,
+    progress=None,
+    scales: tuple[float, ...] | None = None,
+    score: str | None = None,
+) -> Detection:
+    """Anomaly map (mean over the read-out scales) and image score (the checkpoint's, unless
+    ``score`` names another) of one image."""
+    amap = scale_maps(ckpt, image, opts, progress, scales).mean(0)
+    return Detection(amap.astype(np.float32), image_score(amap, score or score_kind(ckpt)))

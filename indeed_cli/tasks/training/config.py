@@ -1,0 +1,51 @@
+"""Settings of one training run and its learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .objective import LossWeights
+
+
+@dataclass
+class TrainConfig:
+    task: str = "denoise"
+    steps: int = 20000  # planned total; the LR schedule is laid over it
+    batch: int = 32
+    patch: int = 128
+    lr: float = 4e-4
+    lr_min: float = 1e-6
+    warmup: int = 300
+    sigma_max: float = 75.0  # AWGN sigma ~ U(0, sigma_max] / 255 per patch (paper §4.1)
+    clip_prob: float = 0.5  # share of patches clipped to [0,1] and quantised to 8 bits
+    seed: int = 0
+    val_every: int = 1000
+    save_every: int = 2000
+    log_every: int = 100
+    precision: str = "auto"  # bf16 autocast on GPU, fp32 on CPU
+    time_limit: float = 0.0  # seconds for this call; 0 = no limit
+    time_budget: float = 0.0  # total training seconds over all resumed calls; 0 = schedule by steps
+    losses: LossWeights = field(default_factory=LossWeights)
+    init: str = ""  # checkpoint whose weights start a new run (fine-tuning); ignored when resuming
+    deterministic: bool = False  # deterministic kernels, no cuDNN autotuning (docs/guide/train.md)
+    state_shard_mb: float = 0.0  # the resumable state in files of at most this size; 0 = one file
+
+    def check(self) -> None:
+        """Settings that cannot go together (raised before any data is loaded or trained on)."""
+        if self.deterministic and self.time_budget:
+            raise ValueError(
+                "a deterministic run needs a step-based schedule: --time-budget makes the learning "
+                "rate depend on wall-clock time (use --steps; --time-limit may still end a call)"
+            )
+
+
+def lr_at(step: int, tc: TrainConfig, elapsed: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay from lr to lr_min over the planned steps
+    (or over the time budget, whichever is further along)."""
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    t = min(1.0, (step - tc.warmup) / max(1, tc.steps - tc.warmup))
+    if tc.time_budget:
+        t = max(t, min(1.0, elapsed / tc.time_budget))
+    return tc.lr_min + 0.5 * (tc.lr - tc.lr_min) * (1 + math.cos(math.pi * t))

@@ -1,0 +1,61 @@
+"""The training objective, Eq. (network loss function), and its weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...model import posteriors as P
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """Weights of the training objective Eq. (network loss function).
+
+    ``sigma0`` is the precision of the supervision likelihood p(U|Z_m), which the
+    paper leaves to the user (§3.6); ``tau`` balances l_orth (paper: 1).
+    ``bayesian`` switches l_fid, l_rank and l_sparse off together: that is the
+    paper's ablation #9 and our anomaly-detection baseline.
+    """
+
+    sigma0: float = 1e5
+    tau: float = 1.0
+    bayesian: bool = True
+    # denoising: > 0 scales each patch's sigma0 by ref / max(sigma, ref / 5) (sigma in 8-bit units),
+    # so that low-noise patches, whose errors are small, weigh more; 0 = the paper's constant sigma0
+    sigma0_noise_ref: float = 0.0
+
+
+def noise_level_weights(sigma: torch.Tensor, ref: float) -> torch.Tensor:
+    """Per-patch factors of sigma0 (``--sigma0-noise-ref``): ref / max(sigma, ref / 5), sigma and ref in
+    8-bit units.  Under a constant sigma0 the squared error of a patch at sigma = 75 is about seven
+    times that of one at sigma = 15, so low noise levels get little of the gradient; this gives
+    them weight in proportion to 1/sigma, capped at 5 (docs/reports/2026-11-26-measurements.md measured it)."""
+    s = sigma * 255.0
+    return ref / torch.clamp(s, min=ref / 5.0)
+
+
+def training_loss(
+    model: torch.nn.Module, Y: torch.Tensor, targets: dict[str, torch.Tensor], task: str, weights: LossWeights, priors
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Eq. (network loss function): l_fid + l_sup + l_rank + l_sparse + tau * l_orth, per pixel.
+
+    All terms are divided by the same element count C*h*w, which keeps their balance.
+    """
+    d = model(Y, sample=True).float()
+    terms = P.elbo_terms(d, Y.float(), priors)
+    if task == "denoise":
+        sup = P.denoise_supervision_loss(d.L_hat, d.S_hat, targets["clean"], weights.sigma0)
+        if weights.sigma0_noise_ref > 0:
+            sup = sup * noise_level_weights(targets["sigma"].to(sup.device), weights.sigma0_noise_ref)
+    else:
+        sup = P.anomaly_supervision_loss(d.L_hat, d.S_hat, targets["normal"], targets["anomaly"], weights.sigma0)
+    per_px = float(Y[0].numel())
+    parts = {"sup": sup.mean() / per_px, "orth": weights.tau * terms["orth"].mean() / per_px}
+    if weights.bayesian:
+        parts.update(
+            fid=terms["fid"].mean() / per_px, rank=terms["rank"].mean() / per_px, sparse=terms["sparse"].mean() / per_px
+        )
+    total = sum(parts.values())
+    return total, {k: float(v.detach()) for k, v in parts.items()}

@@ -1,0 +1,152 @@
+"""`indeed adapt` and adaptation through the CLI: outputs, unreadable inputs, --compile, mixed folders."""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from conftest import tiny_model, write_png
+
+
+def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
+    d = tmp_path / "ood"
+    d.mkdir()
+    for n in ("a", "b"):
+        write_png(d / f"{n}.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    code, out, err = run_cli(
+        "adapt",
+        d,
+        "--mode",
+        "ag",
+        "-o",
+        tmp_path / "o",
+        "-w",
+        ckpt_paths[3],
+        "--steps",
+        "2",
+        "--save-weights",
+        tmp_path / "ad.safetensors",
+        "--json",
+    )
+    assert code == 0, err
+    for n in ("a", "b"):
+        assert (tmp_path / "o" / f"{n}.png").exists() and (tmp_path / "o" / f"{n}.npz").exists()
+    from indeed_cli.model import read_metadata
+
+    adapted = read_metadata(tmp_path / "ad.safetensors")["training"]["adapted"]
+    assert adapted["modules"] == "S" and adapted["lr"] == 1e-5  # the AG default; OAG's is 3e-5
+    code, out, err = run_cli(
+        "adapt",
+        d,
+        "--mode",
+        "oag",
+        "-o",
+        tmp_path / "o2",
+        "-w",
+        ckpt_paths[3],
+        "--steps",
+        "1",
+        "--group",
+        "2",
+        "--json",
+        "-q",
+    )
+    assert code == 0, err
+    import json
+
+    lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert [r["adapted_together"] for r in lines] == [2, 2] and all(r["adapt_seconds"] > 0 for r in lines)
+    assert (tmp_path / "o2" / "a.png").exists() and (tmp_path / "o2" / "b.png").exists()
+    assert run_cli("adapt", d, "--mode", "xx", "-o", tmp_path / "o3")[0] == 2
+
+
+def test_adapt_denoised_only_writes_just_the_image(run_cli, tmp_path, rng, ckpt_paths):
+    """--denoised-only skips the decomposition files; the image equals the full run's <stem>.png."""
+    d = tmp_path / "ood"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    args = ("adapt", d, "--mode", "oag", "-w", ckpt_paths[3], "--steps", "2", "-q")
+    assert run_cli(*args, "-o", tmp_path / "full")[0] == 0
+    code, out, err = run_cli(*args, "-o", tmp_path / "only", "--denoised-only", "--json")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "only").iterdir()) == ["a.png"]
+    from PIL import Image
+
+    full, only = (np.asarray(Image.open(tmp_path / k / "a.png")) for k in ("full", "only"))
+    assert np.abs(full.astype(int) - only).max() <= 1  # same weights; decompose vs denoise rounding
+    import json
+
+    assert json.loads(out.splitlines()[0])["output"].endswith("a.png")
+
+
+def test_adapt_skips_an_unreadable_image_and_keeps_the_others_names(run_cli, tmp_path, rng, ckpt_paths):
+    """A corrupt file between good ones: reported, exit 1, and every good image's output under
+    its own name (outputs were once assigned by position, so c's went to b.png)."""
+    d = tmp_path / "ood"
+    d.mkdir()
+    write_png(d / "a.png", np.full((30, 26, 3), 20, np.uint8))
+    (d / "b.png").write_bytes(b"not a png")
+    write_png(d / "c.png", np.full((30, 26, 3), 230, np.uint8))
+    code, out, err = run_cli(
+        "adapt",
+        d,
+        "--mode",
+        "oag",
+        "-o",
+        tmp_path / "o",
+        "-w",
+        ckpt_paths[3],
+        "--steps",
+        "1",
+        "--denoised-only",
+        "--json",
+        "-q",
+    )
+    assert code == 1 and "b.png" in err
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.png", "c.png"]
+    from PIL import Image
+
+    assert (
+        np.asarray(Image.open(tmp_path / "o" / "a.png")).mean()
+        < np.asarray(Image.open(tmp_path / "o" / "c.png")).mean()
+    )
+    import json
+
+    lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert [Path(r["output"]).name for r in lines if "output" in r] == ["a.png", "c.png"]
+
+
+def test_compile_flag_compiles_the_network(run_cli, tmp_path, rng, ckpt_paths, monkeypatch):
+    calls = []
+
+    def fake_compile(fn, **kw):
+        calls.append(kw)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    write_png(tmp_path / "a.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    code, _, err = run_cli(
+        "denoise", tmp_path / "a.png", "-o", tmp_path / "b.png", "-w", ckpt_paths[3], "--compile", "-q"
+    )
+    assert code == 0, err
+    assert calls == [{"dynamic": False}] and (tmp_path / "b.png").exists()
+
+
+def test_oag_on_a_mixed_folder_uses_each_image_own_default_model(run_cli, tmp_path, rng, monkeypatch):
+    """Default weights: colour images get the colour model, gray ones the gray model, in one OAG run."""
+
+    from indeed_cli.model import save_checkpoint
+    from indeed_cli.model.registry import BUNDLED
+
+    wdir = tmp_path / "w"
+    for c in (1, 3):
+        save_checkpoint(wdir / BUNDLED[c], tiny_model(c), {})
+    monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(wdir))
+    d = tmp_path / "mixed"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    write_png(d / "b.png", rng.integers(0, 256, (30, 26), dtype=np.uint8))
+    code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o", "--steps", "1", "-q")
+    assert code == 0, err
+    from PIL import Image
+
+    assert Image.open(tmp_path / "o" / "a.png").mode == "RGB" and Image.open(tmp_path / "o" / "b.png").mode == "L"

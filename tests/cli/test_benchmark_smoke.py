@@ -1,0 +1,95 @@
+"""Every benchmark script runs end to end on one or two tiny images with tiny models (CI keeps them
+working; the numbers they print here mean nothing)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_model, write_png
+
+from indeed_cli.model import save_checkpoint
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+pytestmark = pytest.mark.slow  # one Python process per script
+
+
+def run(script: str, *args) -> str:
+    r = subprocess.run(
+        [sys.executable, str(BENCH / script), *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Command" in r.stdout  # every benchmark prints the command that made its table
+    return r.stdout
+
+
+def test_denoise_benchmark(tmp_path, rng, ckpt_paths):
+    for name, shape in (("CBSD68", (40, 48, 3)), ("Set12", (40, 48))):
+        (tmp_path / name).mkdir()
+        write_png(tmp_path / name / "a.png", rng.integers(0, 256, shape, dtype=np.uint8))
+    out = run(
+        "denoise.py",
+        "--data",
+        tmp_path,
+        "--sets",
+        "CBSD68,Set12",
+        "--sigmas",
+        "25",
+        "--methods",
+        "indeed",
+        "--forms",
+        "float",
+        "--weights-color",
+        ckpt_paths[3],
+        "--weights-gray",
+        ckpt_paths[1],
+        "--no-timing",
+    )
+    assert "CBSD68" in out and "Set12" in out
+
+
+def test_lowrank_and_speed_benchmarks(tmp_path, rng, ckpt_paths):
+    (tmp_path / "clean").mkdir()
+    write_png(tmp_path / "clean" / "a.png", rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    assert "| " in run("lowrank.py", "--data", tmp_path / "clean", "--weights", ckpt_paths[3])
+    out = run("speed.py", "--weights", ckpt_paths[3], "--size", "64", "--reps", "1", "--device", "cpu")
+    assert "64x64" in out
+
+
+def test_adapt_benchmark(tmp_path, rng, ckpt_paths):
+    for i in range(2):
+        clean = rng.integers(20, 230, (40, 48, 3), dtype=np.uint8)
+        noisy = np.clip(clean + rng.normal(0, 10, clean.shape), 0, 255).astype(np.uint8)
+        write_png(tmp_path / f"{i}_real.png", noisy)
+        write_png(tmp_path / f"{i}_mean.png", clean)
+    out = run(
+        "adapt.py",
+        "--data",
+        tmp_path,
+        "--methods",
+        "none,oag",
+        "--weights",
+        ckpt_paths[3],
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+    )
+    assert "oag" in out
+
+
+def test_detect_benchmark(tmp_path, rng):
+    det = save_checkpoint(tmp_path / "det.safetensors", tiny_model(1, task="detect"))
+    for cls in ("MT_Blowhole", "MT_Break", "MT_Crack", "MT_Fray", "MT_Uneven", "MT_Free"):
+        (tmp_path / cls).mkdir()
+        for i in range(2 if cls != "MT_Free" else 6):
+            img = rng.integers(60, 200, (40, 48), dtype=np.uint8)
+            write_png((tmp_path / cls / f"{i}.jpg").with_suffix(".png"), img)  # masks are PNGs
+            (tmp_path / cls / f"{i}.png").rename(tmp_path / cls / f"{i}.jpg")
+            if cls != "MT_Free":
+                mask = np.zeros((40, 48), np.uint8)
+                mask[10:20, 10:20] = 255
+                write_png(tmp_path / cls / f"{i}.png", mask)
+    out = run("detect.py", "--data", tmp_path, "--weights", det, "--methods", "indeed,rpca", "--device", "cpu")
+    assert "rpca" in out

@@ -1,0 +1,137 @@
+"""`indeed train --task detect` then `indeed detect`, end to end on tiny data."""
+
+import numpy as np
+
+
+def test_train_detect_end_to_end(tmp_path, run_cli, rng):
+    from conftest import write_png
+
+    from indeed_cli.model import read_metadata
+
+    d = tmp_path / "normal"
+    d.mkdir()
+    for i in range(5):  # includes an image narrower than the patch
+        write_png(d / f"{i}.png", rng.integers(90, 160, (40 if i else 20, 44), dtype=np.uint8))
+    code, _, err = run_cli(
+        "train",
+        "--task",
+        "detect",
+        "--data",
+        d,
+        "--val-count",
+        "2",
+        "--channels",
+        "1",
+        "--rank",
+        "4",
+        "--sparse-width",
+        "8",
+        "--lowrank-width",
+        "8",
+        "--patch",
+        "32",
+        "--batch",
+        "2",
+        "--steps",
+        "3",
+        "--out",
+        tmp_path / "run",
+        "-q",
+    )
+    assert code == 0, err
+    meta = read_metadata(tmp_path / "run" / "model.safetensors")
+    assert meta["config"]["task"] == "detect"
+    assert meta["extra"]["detect"]["n_calibration"] == 2 and meta["extra"]["detect"]["threshold"] > 0
+    assert meta["training"]["anomalies"]["preset"] == "strong"
+    assert meta["training"]["scales"] == [1.0, 0.5, 0.25] == meta["extra"]["detect"]["scales"]  # the default pyramid
+    code, _, err = run_cli(
+        "train",
+        "--task",
+        "detect",
+        "--data",
+        d,
+        "--val-count",
+        "2",
+        "--channels",
+        "1",
+        "--rank",
+        "4",
+        "--sparse-width",
+        "8",
+        "--lowrank-width",
+        "8",
+        "--patch",
+        "32",
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--anomalies",
+        "surface",
+        "--scales",
+        "1,0.5",
+        "--out",
+        tmp_path / "runs",
+        "-q",
+    )
+    assert code == 0, err
+    meta = read_metadata(tmp_path / "runs" / "model.safetensors")
+    assert meta["training"]["scales"] == [1.0, 0.5] and meta["extra"]["detect"]["scales"] == [1.0, 0.5]
+    assert meta["training"]["anomalies"]["preset"] == "surface"
+    for bad in ("1,0", "1,1", "a"):
+        code, _, err = run_cli(
+            "train",
+            "--task",
+            "detect",
+            "--data",
+            d,
+            "--val-count",
+            "2",
+            "--channels",
+            "1",
+            "--scales",
+            bad,
+            "--steps",
+            "1",
+            "--out",
+            tmp_path / "runb",
+            "-q",
+        )
+        assert code == 2 and "--scales" in err and not (tmp_path / "runb").exists()
+    code, _, err = run_cli(
+        "train",
+        "--task",
+        "detect",
+        "--data",
+        d,
+        "--val-count",
+        "2",
+        "--channels",
+        "1",
+        "--anomalies",
+        "loud",
+        "--steps",
+        "1",
+        "--out",
+        tmp_path / "run1",
+        "-q",
+    )
+    assert code == 2 and "--anomalies" in err
+    # without held-out normal images there is no threshold to learn: refused before any training
+    code, _, err = run_cli(
+        "train",
+        "--task",
+        "detect",
+        "--data",
+        d,
+        "--val-count",
+        "0",
+        "--channels",
+        "1",
+        "--steps",
+        "3",
+        "--out",
+        tmp_path / "run0",
+        "-q",
+    )
+    assert code == 2 and "held-out normal images" in err and not (tmp_path / "run0").exists()

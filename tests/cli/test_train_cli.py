@@ -1,0 +1,171 @@
+"""`indeed train`: fine-tuning from a checkpoint, the sparse module asked for, scale augmentation, option conflicts."""
+
+import numpy as np
+import torch
+from conftest import tiny_config, write_png
+
+from indeed_cli.tasks.training import (
+    TrainConfig,
+)
+from indeed_cli.tasks.training import (
+    run_training as train,
+)
+
+
+def test_init_starts_from_checkpoint_weights(tmp_path, rng, run_cli):
+    from conftest import tiny_model
+
+    from indeed_cli.model import load_checkpoint, read_metadata, save_checkpoint
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    from indeed_cli.tasks.training import list_images, load_images
+
+    ims = load_images(list_images(data), 3)
+    start = save_checkpoint(tmp_path / "start.safetensors", tiny_model(3, seed=5), {"steps": 7})
+    msgs = []
+    tc = TrainConfig(steps=2, batch=2, patch=32, lr=0.0, lr_min=0.0, save_every=100, init=str(start))
+    train(tiny_config(3), tc, ims, tmp_path / "run", device="cpu", progress=False, log=msgs.append)
+    assert any("initialised from" in m for m in msgs)
+    a, b = (
+        load_checkpoint(start).model.state_dict(),
+        load_checkpoint(tmp_path / "run" / "model.safetensors").model.state_dict(),
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)  # lr 0: the exported weights are the initial ones
+    assert read_metadata(tmp_path / "run" / "model.safetensors")["training"]["init"] == str(start)
+    # a mismatching config is refused before training
+    code, _, err = run_cli(
+        "train",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "r2",
+        "--init",
+        start,
+        "--channels",
+        "1",
+        "--val-count",
+        "0",
+        "--steps",
+        "1",
+        "-q",
+    )
+    assert code == 3 and "3-channel" in err
+    code, _, err = run_cli(
+        "train",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "r3",
+        "--sparse-input",
+        "image",
+        "--val-count",
+        "0",
+        "--steps",
+        "1",
+        "-q",
+    )
+    assert code == 2 and "sparse_input" in err
+
+
+def test_train_cli_builds_the_requested_sparse_module(tmp_path, rng, run_cli):
+    from indeed_cli.model import read_metadata
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    code, _, err = run_cli(
+        "train",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "run",
+        "--sparse-width",
+        "8",
+        "--sparse-blocks",
+        "1",
+        "--sparse-levels",
+        "4",
+        "--sparse-input",
+        "residual+lowrank",
+        "--lowrank-width",
+        "8",
+        "--rank",
+        "4",
+        "--patch",
+        "32",
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--val-count",
+        "1",
+        "--ood-samples",
+        "0",
+        "-q",
+        "--device",
+        "cpu",
+    )
+    assert code == 0, err
+    cfg = read_metadata(tmp_path / "run" / "model.safetensors")["config"]
+    assert (cfg["sparse_width"], cfg["sparse_blocks"], cfg["sparse_levels"], cfg["sparse_input"]) == (
+        8,
+        1,
+        4,
+        "residual+lowrank",
+    )
+
+
+def test_train_denoise_scale_augmentation_leaves_out_copies_smaller_than_the_patch(tmp_path, rng, run_cli):
+    from indeed_cli.model import read_metadata
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (48, 48), dtype=np.uint8))
+    # 0.75 makes 36 px copies (kept), 0.5 makes 24 px ones: cropping 32 px patches from them would fail
+    code, _, err = run_cli(
+        "train",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "run",
+        "--channels",
+        "1",
+        "--scales",
+        "1,0.75,0.5",
+        "--sparse-width",
+        "8",
+        "--lowrank-width",
+        "8",
+        "--rank",
+        "4",
+        "--patch",
+        "32",
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--val-count",
+        "1",
+        "--ood-samples",
+        "0",
+        "-q",
+        "--device",
+        "cpu",
+    )
+    assert code == 0, err
+    meta = read_metadata(tmp_path / "run" / "model.safetensors")
+    assert meta["training"]["augment_scales"] == [1.0, 0.75, 0.5] and "scales" not in meta["training"]
+    assert "detect" not in meta["extra"]  # a denoiser has no read-out scales
+
+
+def test_train_cli_refuses_deterministic_with_a_time_budget(tmp_path, rng, run_cli):
+    d = tmp_path / "data"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    code, _, err = run_cli("train", "--data", d, "--out", tmp_path / "run", "--deterministic", "--time-budget", "10")
+    assert code == 2 and "step-based" in err and not (tmp_path / "run").exists()

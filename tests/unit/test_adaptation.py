@@ -1,0 +1,214 @@
+"""Active generalization: only the chosen module changes, and the best weights are kept."""
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+from conftest import tiny_model
+
+from indeed_cli.model import Checkpoint
+from indeed_cli.tasks.adaptation import AdaptConfig, adapt, adapt_each, adaptation_objective, lowrank_factors
+
+
+def _ckpt(c=1):
+    m = tiny_model(c)
+    return Checkpoint(m, m.cfg, {}, {}, "tiny")
+
+
+def _images(rng, c=1):
+    return [rng.random((c, 40, 36)).astype(np.float32) for _ in range(2)]
+
+
+def test_only_the_selected_module_changes(rng):
+    ck = _ckpt()
+    res = adapt(ck, _images(rng), AdaptConfig(modules="S", steps=4, lr=1e-2, eval_every=1, patience=10), tile=32)
+    before, after = ck.model.state_dict(), res.checkpoint.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("lowrank."))
+    if res.best_step > 0:
+        assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("sparse."))
+    assert res.history[0]["step"] == 0 and res.history[0]["change"] == 0.0
+
+
+def test_loss_never_ends_above_the_start(rng):
+    """A destructive learning rate makes the loss rise: the starting weights come back."""
+    ck = _ckpt()
+    res = adapt(ck, _images(rng), AdaptConfig(modules="LS", steps=6, lr=10.0, eval_every=1, patience=1), tile=32)
+    best = min(h["loss"] for h in res.history if np.isfinite(h["loss"]))
+    assert best <= res.history[0]["loss"]
+    if res.best_step == 0:
+        for k, v in ck.model.state_dict().items():
+            assert torch.equal(v, res.checkpoint.model.state_dict()[k])
+    assert res.stop in ("no improvement", "non-finite loss", "collapse", "steps", "trust region")
+    assert res.checkpoint.training["adapted"]["stop"] == res.stop
+
+
+def test_collapse_guard_stops(rng):
+    ck = _ckpt()
+    res = adapt(
+        ck,
+        _images(rng),
+        AdaptConfig(modules="S", steps=5, lr=1e-3, eval_every=1, patience=5, max_change=1e9, collapse_ratio=10.0),
+        tile=32,
+    )  # any step counts as collapse
+    assert res.stop == "collapse" and res.best_step == 0
+
+
+def test_trust_region_bounds_the_output_change(rng):
+    """Weights whose output moved more than max_change are never returned."""
+    ck = _ckpt()
+    imgs = _images(rng)
+    res = adapt(
+        ck, imgs, AdaptConfig(modules="S", steps=6, lr=1e-2, eval_every=1, patience=10, max_change=1e-6), tile=32
+    )
+    assert res.stop == "trust region" and res.best_step == 0
+    assert res.history[-1]["change"] > 1e-6
+    for k, v in ck.model.state_dict().items():
+        assert torch.equal(v, res.checkpoint.model.state_dict()[k])
+
+
+def test_compiled_inference_leaves_adaptation_its_own_weights(rng, monkeypatch):
+    """`--compile` wraps the network for inference without touching the checkpoint's model, so the
+    copy that adaptation trains runs its own weights, not the compiled original."""
+    from indeed_cli.inference import network_for
+
+    ck = _ckpt()
+    monkeypatch.setattr(torch, "compile", lambda net, **kw: lambda *a, **k: net(*a, **k))
+    compiled = network_for(ck, "fp32", compile=True)
+    assert compiled is not ck.model and "forward" not in ck.model.__dict__
+    assert network_for(ck, "fp32", compile=True) is compiled  # wrapped once
+    res = adapt(
+        ck, _images(rng), AdaptConfig(modules="S", steps=2, lr=1e-2, eval_every=1, patience=10, max_change=1e9), tile=32
+    )
+    assert res.history[-1]["change"] > 0
+
+
+def test_bf16_adaptation_runs_and_returns_float32_weights(rng):
+    ck = _ckpt()
+    res = adapt(ck, _images(rng), AdaptConfig(modules="S", steps=2, lr=1e-3, eval_every=1, precision="bf16"), tile=32)
+    assert all(p.dtype == torch.float32 for p in res.checkpoint.model.parameters())
+    assert all(np.isfinite(h["loss"]) for h in res.history)
+    import pytest
+
+    with pytest.raises(ValueError):
+        adapt(ck, _images(rng), AdaptConfig(precision="fp16"), tile=32)
+
+
+def test_grouped_adaptations_match_separate_ones(rng):
+    """OAG runs several images as one vmapped network; each must get what it gets alone, also
+    when some stop early and are dropped from the stack while the others go on."""
+    ck = _ckpt(3)
+    yy, xx = np.mgrid[0:40, 0:36] / 40.0
+    imgs = [
+        rng.random((3, 40, 36)),
+        np.full((3, 40, 36), 0.5),
+        np.stack([yy, xx, yy * xx]),
+        0.1 * rng.random((3, 40, 36)),
+        rng.random((3, 100, 70)),
+    ]
+    imgs = [x.astype(np.float32) for x in imgs]
+    cfg = AdaptConfig(modules="S", steps=6, lr=1e-4, eval_every=1, patience=2, max_change=1.5, sample=False)
+    together = adapt_each(ck, [[x] for x in imgs], replace(cfg, group=4), tile=32)  # {0,1,2,3} and {4}
+    alone = [adapt_each(ck, [[x]], replace(cfg, group=1), tile=32)[0] for x in imgs]
+    assert all(a.best_step > 0 for a in alone)  # the weights really moved
+    assert len({len(a.history) for a in together[:4]}) > 1  # entries of one group stopped at different steps
+    for a, b in zip(together, alone):
+        assert (a.best_step, a.stop) == (b.best_step, b.stop)
+        np.testing.assert_allclose([h["loss"] for h in a.history], [h["loss"] for h in b.history], rtol=1e-5)
+        sa, sb = a.checkpoint.model.state_dict(), b.checkpoint.model.state_dict()
+        assert all(torch.allclose(sa[k], sb[k], atol=1e-5) for k in sb)
+    first, second = (together[i].checkpoint.model.state_dict() for i in (0, 1))
+    assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith("sparse."))
+
+
+def test_cached_lowrank_factors_give_the_same_objective(rng):
+    """Adapting f_thetaS reuses the frozen low-rank module's outputs, computed once per tile
+    (in batches of another size); the objective and L + S must be those of a full pass, also
+    with sampled A, B, S (the same draws whatever the factors' memory layout)."""
+    model = tiny_model(3).float().eval()
+    Y = torch.from_numpy(rng.random((5, 3, 32, 32)).astype(np.float32))
+    cfg = AdaptConfig(modules="S")
+    factors = lowrank_factors(model, Y, cfg, chunk=2)
+    assert [tuple(f.shape) for f in factors] == [(5, 3, 32, 4)] * 4  # (tiles, C, side, r) for A and B
+    for sample in (False, True):
+        torch.manual_seed(3)
+        direct = adaptation_objective(model, None, None, Y, cfg, sample)
+        torch.manual_seed(3)
+        cached = adaptation_objective(model, None, None, Y, cfg, sample, factors)
+        for a, b in zip(cached, direct):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_grouped_bf16_adaptation(rng):
+    """Autocast does not reach vmapped convolutions: a group adapting f_thetaS runs it in bf16 by
+    hand (fp32 master weights, image and objective); a group adapting L runs in fp32."""
+    ck = _ckpt(3)
+    imgs = _images(rng, 3)
+    cfg = AdaptConfig(steps=2, eval_every=1, group=2, sample=False)
+    runs = {
+        (m, p): adapt_each(ck, [[x] for x in imgs], replace(cfg, modules=m, precision=p), tile=32)
+        for m in ("S", "L")
+        for p in ("fp32", "bf16")
+    }
+    for res in runs.values():
+        assert all(np.isfinite(h["loss"]) for r in res for h in r.history)
+        assert all(p.dtype == torch.float32 for r in res for p in r.checkpoint.model.parameters())
+
+    def start(m, p):
+        return [r.history[0]["loss"] for r in runs[m, p]]
+
+    assert start("S", "bf16") != start("S", "fp32")  # bf16 really ran ...
+    np.testing.assert_allclose(start("S", "bf16"), start("S", "fp32"), rtol=1e-2)  # ... on the fp32 image
+    assert start("L", "bf16") == start("L", "fp32")
+
+
+def test_training_tiles_at_a_stride_are_crops_of_the_image(rng):
+    from indeed_cli.tasks.adaptation import tiles_of
+
+    im = rng.random((1, 64, 64)).astype(np.float32)
+    gen = torch.Generator().manual_seed(0)
+    assert tiles_of([im], 32, 512, gen).shape == (4, 1, 32, 32)  # non-overlapping by default
+    dense = tiles_of([im], 32, 512, gen, stride=16)
+    assert len(dense) > 4
+    inner = [
+        t
+        for t in dense
+        if any(np.array_equal(t.numpy(), im[:, y : y + 32, x : x + 32]) for y in (8, 24) for x in (8, 24))
+    ]
+    assert len(inner) == 4  # the grid's interior tiles (it starts half an overlap outside) are plain crops
+    few = tiles_of([im, im], 32, 5, torch.Generator().manual_seed(0), stride=16)
+    assert few.shape == (5, 1, 32, 32)  # a random subset when there are more than max_tiles
+
+
+def test_adaptation_with_overlapping_training_tiles_runs(rng):
+    ck = _ckpt()
+    res = adapt(
+        ck,
+        [rng.random((1, 64, 64)).astype(np.float32)],
+        AdaptConfig(steps=2, eval_every=1, train_stride=16, max_change=1e9),
+        tile=32,
+    )
+    assert len(res.history) == 3 and all(np.isfinite(h["loss"]) for h in res.history)
+
+
+def test_default_learning_rate_depends_on_the_mode(rng):
+    """InDeedAG (one adaptation on a folder) and InDeedOAG (one per image) have their own measured defaults."""
+    from indeed_cli.tasks.adaptation import AG_LR, OAG_LR
+
+    ck = _ckpt()
+    cfg = AdaptConfig(steps=1, eval_every=1)
+    assert adapt(ck, _images(rng), cfg, tile=32).checkpoint.training["adapted"]["lr"] == AG_LR
+    assert adapt_each(ck, [[x] for x in _images(rng)], cfg, tile=32)[0].checkpoint.training["adapted"]["lr"] == OAG_LR
+    assert adapt(ck, _images(rng), AdaptConfig(steps=1, lr=1e-3), tile=32).checkpoint.training["adapted"]["lr"] == 1e-3
+
+
+def test_default_step_limit_depends_on_the_mode(rng):
+    """OAG stops after OAG_STEPS at most, AG after AG_STEPS, unless steps is given."""
+    from indeed_cli.tasks.adaptation import AG_STEPS, OAG_STEPS
+
+    ck = _ckpt()
+    cfg = AdaptConfig(eval_every=1, patience=100, max_change=1e9, train_stride=16)  # nothing stops early
+    ag = adapt(ck, _images(rng), cfg, tile=32)
+    oag = adapt_each(ck, [[x] for x in _images(rng)[:1]], cfg, tile=32)[0]
+    assert ag.checkpoint.training["adapted"]["steps"] == AG_STEPS and len(ag.history) == AG_STEPS + 1
+    assert oag.checkpoint.training["adapted"]["steps"] == OAG_STEPS and len(oag.history) == OAG_STEPS + 1
+    assert OAG_STEPS < AG_STEPS

@@ -1,0 +1,97 @@
+"""Checkpoint round-trip, refusal of corrupt or mismatched files, --weights resolution."""
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_model
+from safetensors.torch import save_file
+
+from indeed_cli.model import checkpoint as C
+from indeed_cli.model import registry as R
+
+
+def test_round_trip_preserves_config_and_outputs(tmp_path):
+    m = tiny_model(3, seed=3)
+    p = C.save_checkpoint(tmp_path / "m.safetensors", m, {"steps": 5}, {"ood": [1, 2]})
+    meta = C.read_metadata(p)
+    assert meta["config"]["rank"] == m.cfg.rank and meta["training"]["steps"] == 5 and meta["extra"]["ood"] == [1, 2]
+    ck = C.load_checkpoint(p)
+    assert ck.config == m.cfg
+    Y = torch.rand(1, 3, 16, 16)
+    with torch.no_grad():
+        a, b = m(Y), ck.model(Y)
+    assert torch.allclose(a.L_hat + a.mu_S, b.L_hat + b.mu_S, atol=2e-2)  # fp16 storage
+    assert not list(tmp_path.glob(".*tmp*"))  # atomic write left no temp file
+
+
+def test_truncated_file_is_refused(tmp_path):
+    p = C.save_checkpoint(tmp_path / "m.safetensors", tiny_model(1))
+    data = p.read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(C.CheckpointError, match="unreadable|not a readable"):
+        C.load_checkpoint(tmp_path / "cut.safetensors")
+
+
+def test_text_and_foreign_files_are_refused(tmp_path):
+    (tmp_path / "t.safetensors").write_text("hello")
+    with pytest.raises(C.CheckpointError, match="not a readable safetensors"):
+        C.load_checkpoint(tmp_path / "t.safetensors")
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "f.safetensors"))
+    with pytest.raises(C.CheckpointError, match="not an indeed checkpoint"):
+        C.load_checkpoint(tmp_path / "f.safetensors")
+    with pytest.raises(C.CheckpointError, match="not found"):
+        C.load_checkpoint(tmp_path / "missing.safetensors")
+
+
+def test_config_and_tensor_mismatch_is_refused(tmp_path):
+    m = tiny_model(1)
+    state = {k: v.half() for k, v in m.state_dict().items()}
+    meta = {"format": "indeed", "format_version": "1", "config": json.dumps({**json.loads(m.cfg.to_json()), "rank": 5})}
+    save_file(state, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(C.CheckpointError, match="shape"):
+        C.load_checkpoint(tmp_path / "bad.safetensors")
+    meta["format_version"] = "99"
+    save_file(state, str(tmp_path / "v.safetensors"), metadata=meta)
+    with pytest.raises(C.CheckpointError, match="version"):
+        C.load_checkpoint(tmp_path / "v.safetensors")
+    state.pop(next(iter(state)))
+    meta["format_version"] = "1"
+    meta["config"] = m.cfg.to_json()
+    save_file(state, str(tmp_path / "miss.safetensors"), metadata=meta)
+    with pytest.raises(C.CheckpointError, match="missing"):
+        C.load_checkpoint(tmp_path / "miss.safetensors")
+
+
+def test_hub_reference_parsing_and_offline_error(tmp_path, monkeypatch):
+    assert R.parse_hub_ref("hf://me/repo/dir/m.safetensors@abc123") == ("me/repo", "dir/m.safetensors", "abc123")
+    assert R.parse_hub_ref("hf://me/repo/m.safetensors") == ("me/repo", "m.safetensors", None)
+    with pytest.raises(C.CheckpointError):
+        R.parse_hub_ref("hf://me/m.safetensors")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True, raising=False)
+    with pytest.raises(C.CheckpointError, match="not in the local Hugging Face cache"):
+        R.resolve_weights("hf://someone/somerepo/m.safetensors@0123456789abcdef0123456789abcdef01234567")
+
+
+def test_resolution_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(tmp_path))
+    gray = C.save_checkpoint(tmp_path / R.BUNDLED[1], tiny_model(1))
+    color = C.save_checkpoint(tmp_path / R.BUNDLED[3], tiny_model(3))
+    assert R.resolve_weights(None, 1) == gray and R.resolve_weights("default", 3) == color
+    assert R.resolve_weights("gray") == gray and R.resolve_weights("indeed-denoise-color") == color
+    assert R.resolve_weights(str(color)) == color
+    with pytest.raises(C.CheckpointError, match="tried"):
+        R.resolve_weights("nope")
+    assert {r["name"] for r in R.list_checkpoints(include_cache=False)} == {gray.stem, color.stem}
+
+
+def test_bundled_weights_load():
+    """The shipped defaults exist, load, and say what they are."""
+    for c in (1, 3):
+        ck = C.load_checkpoint(R.resolve_weights(None, c))
+        assert ck.config.channels == c and ck.config.task == "denoise"
+        assert ck.training.get("steps", 0) > 0

@@ -1,0 +1,173 @@
+"""Synthetic anomalies, detection metrics against brute force, and detect training end to end."""
+
+import numpy as np
+import pytest
+import torch
+
+from indeed_cli.metrics import auroc, average_precision
+from indeed_cli.tasks.detection import gaussian_blur, image_score
+from indeed_cli.tasks.detection.synthesis import AnomalyConfig, perlin, synthesize
+
+
+def test_synthesis_is_exact_deterministic_and_local():
+    x = torch.rand(12, 1, 64, 64) * 0.5 + 0.25
+    tex = [torch.randint(0, 256, (3, 80, 90), dtype=torch.uint8)]
+    Y, UA, M = synthesize(x, torch.Generator().manual_seed(3), tex)
+    Y2, _, _ = synthesize(x, torch.Generator().manual_seed(3), tex)
+    assert torch.equal(Y, Y2)
+    assert torch.allclose(Y, x + UA)
+    assert (UA * (1 - M)).abs().max() == 0  # nothing changes outside the mask
+    assert 0 <= Y.min() and Y.max() <= 1
+    cover = M.flatten(1).mean(1)
+    assert (cover == 0).any() and (cover > 0).sum() >= 6  # some normal patches, mostly anomalous ones
+
+
+def test_subtle_preset_adds_faint_soft_edged_anomalies():
+    from indeed_cli.tasks.detection.synthesis import PRESETS
+
+    x = torch.rand(48, 1, 64, 64) * 0.5 + 0.25
+    Y, UA, M = synthesize(x, torch.Generator().manual_seed(5), None, PRESETS["subtle"])
+    Y2, _, _ = synthesize(x, torch.Generator().manual_seed(5), None, PRESETS["subtle"])
+    assert torch.equal(Y, Y2) and torch.allclose(Y, x + UA)
+    assert (UA * (M == 0)).abs().max() == 0  # nothing changes where the mask is zero
+    soft = ((M > 0.05) & (M < 0.95)).flatten(1).float().mean(1)
+    assert (soft > 0.02).sum() >= 5  # several anomalies with gradual edges
+    _, _, M_strong = synthesize(x, torch.Generator().manual_seed(5), None, PRESETS["strong"])
+    assert ((M_strong > 0) & (M_strong < 1)).sum() == 0  # the strong preset keeps hard masks
+
+
+def test_surface_preset_adds_bands_and_other_surfaces():
+    from indeed_cli.tasks.detection.synthesis import PRESETS, band_mask, filtered
+
+    # each patch a constant level: a fill from another patch is recognisable by its value
+    x = torch.linspace(0.2, 0.8, 32).view(32, 1, 1, 1).expand(32, 1, 48, 48).contiguous()
+    Y, UA, M = synthesize(x, torch.Generator().manual_seed(2), None, PRESETS["surface"])
+    Y2, _, _ = synthesize(x, torch.Generator().manual_seed(2), None, PRESETS["surface"])
+    assert torch.equal(Y, Y2) and torch.allclose(Y, x + UA) and 0 <= Y.min() and Y.max() <= 1
+    assert (UA * (M == 0)).abs().max() == 0
+    # some anomaly fills a whole side (a band or a large blob) and some patch took another's level
+    full_side = [
+        (M[i, 0, 0] > 0.99).all()
+        or (M[i, 0, -1] > 0.99).all()
+        or (M[i, 0, :, 0] > 0.99).all()
+        or (M[i, 0, :, -1] > 0.99).all()
+        for i in range(32)
+    ]
+    assert sum(full_side) >= 2
+    core = M[:, 0] > 0.99
+    foreign = [
+        core[i].any() and not torch.isclose(Y[i, 0][core[i]].mean(), x[i, 0, 0, 0], atol=1e-3) and UA[i].abs().max() > 0
+        for i in range(32)
+    ]
+    assert sum(foreign) >= 3
+    b = band_mask((40, 40), torch.Generator().manual_seed(0), "cpu")
+    assert set(b.unique().tolist()) <= {0.0, 1.0} and 0.05 < b.mean() < 0.8
+    tex = torch.rand(3, 1, 32, 32)
+    f = filtered(tex, torch.Generator().manual_seed(1))
+    assert f.shape == tex.shape and not torch.allclose(f, tex)
+
+
+def test_normal_only_config_gives_no_anomaly():
+    x = torch.rand(4, 1, 32, 32)
+    Y, UA, M = synthesize(x, torch.Generator().manual_seed(0), None, AnomalyConfig(normal_prob=1.0))
+    assert torch.equal(Y, x) and M.sum() == 0
+
+
+def test_perlin_range_and_smoothness():
+    n = perlin((64, 64), 4, torch.Generator().manual_seed(1), "cpu")
+    assert n.abs().max() <= 1.5 and n.std() > 0.1
+    assert (n[1:] - n[:-1]).abs().max() < 0.3  # continuous at pixel scale
+
+
+def brute_auroc(s, y):
+    pos, neg = s[y], s[~y]
+    return ((pos[:, None] > neg[None]).sum() + 0.5 * (pos[:, None] == neg[None]).sum()) / (len(pos) * len(neg))
+
+
+def brute_ap(s, y):
+    ap, prev_r = 0.0, 0.0
+    for t in np.unique(s)[::-1]:
+        pred = s >= t
+        p, r = (pred & y).sum() / pred.sum(), (pred & y).sum() / y.sum()
+        ap += (r - prev_r) * p
+        prev_r = r
+    return ap
+
+
+def test_metrics_match_brute_force():
+    rng = np.random.default_rng(0)
+    s = np.round(rng.random(300), 1)
+    y = rng.random(300) < 0.2 + 0.5 * s
+    assert auroc(s, y) == pytest.approx(brute_auroc(s, y))
+    assert average_precision(s, y) == pytest.approx(brute_ap(s, y))
+    assert auroc(np.r_[0.1, 0.9], np.r_[False, True]) == 1.0
+
+
+def test_image_scores_against_direct_computation():
+    from indeed_cli.model import Checkpoint
+    from indeed_cli.tasks.detection import score_kind
+
+    m = np.arange(200, dtype=np.float32).reshape(10, 20) / 200
+    assert image_score(m) == pytest.approx(np.sort(m.ravel())[-10:].mean())  # top 5% of 200 pixels = 10
+    assert image_score(m, "max_g4") == pytest.approx(gaussian_blur(m, 4).max())
+    with pytest.raises(ValueError):
+        image_score(m, "median")
+    # the score a threshold was learned on: stored name; legacy calibrated detectors max_g4; else the default
+    ck = lambda extra: Checkpoint(None, None, {}, extra, "x")
+    assert score_kind(ck({"detect": {"threshold": 0.1, "score_kind": "top5"}})) == "top5"
+    assert score_kind(ck({"detect": {"threshold": 0.1}})) == "max_g4"
+    assert score_kind(ck({})) == "top5"
+
+
+def test_blur_keeps_mass_and_score_finds_the_blob():
+    m = np.zeros((40, 60), np.float32)
+    m[10:14, 30:34] = 1
+    b = gaussian_blur(m, 2)
+    assert b.sum() == pytest.approx(m.sum(), rel=1e-4)
+    assert image_score(m) > image_score(np.zeros_like(m))
+
+
+def test_multiscale_readout_is_the_mean_of_the_scaled_maps():
+    from conftest import tiny_model
+
+    from indeed_cli.inference import sparse_mean
+    from indeed_cli.model import Checkpoint
+    from indeed_cli.tasks.detection import anomaly_map_from_sparse, calibrate, detect, readout_scales, resize
+
+    model = tiny_model(1, task="detect")
+    ck = Checkpoint(model, model.cfg, {}, {}, "x")
+    img = np.random.default_rng(0).random((1, 45, 61)).astype(np.float32)
+    assert readout_scales(ck) == (1.0,)
+    one = detect(ck, img)
+    assert np.allclose(one.anomaly_map, anomaly_map_from_sparse(sparse_mean(ck, img)))
+    ck2 = Checkpoint(ck.model, ck.config, {"scales": [1.0, 0.5]}, {}, "x")
+    assert readout_scales(ck2) == (1.0, 0.5)
+    two = detect(ck2, img)
+    half = anomaly_map_from_sparse(sparse_mean(ck2, np.clip(resize(img, (22, 30)), 0, 1)))
+    expect = (one.anomaly_map + resize(half[None], (45, 61))[0]) / 2
+    assert two.anomaly_map.shape == (45, 61) and np.allclose(two.anomaly_map, expect, atol=1e-6)
+    from indeed_cli.tasks.detection import scale_maps
+
+    per = scale_maps(ck2, img)
+    assert per.shape == (2, 45, 61) and np.allclose(per[1], resize(half[None], (45, 61))[0], atol=1e-6)
+    assert two.score == pytest.approx(image_score(expect), rel=1e-5)
+    facts = calibrate(ck2, [img, img * 0.5])
+    assert facts["scales"] == [1.0, 0.5] and facts["score_kind"] == "top5"
+    assert facts["threshold"] == pytest.approx(np.quantile([two.score, detect(ck2, img * 0.5).score], 0.99))
+    ck3 = Checkpoint(ck.model, ck.config, {"scales": [1.0, 0.5]}, {"detect": {"scales": [0.5]}}, "x")
+    assert readout_scales(ck3) == (0.5,)  # the calibrated scales win over the training pyramid
+
+
+def test_image_pyramid_and_mirror_padding_match_the_tiler():
+    from indeed_cli.inference import reflect_index
+    from indeed_cli.tasks.training import image_pyramid
+    from indeed_cli.tasks.training import pad_to as _pad_to
+
+    ims = [torch.randint(0, 256, (1, 30, 41), dtype=torch.uint8)]
+    pyr = image_pyramid(ims, (1.0, 0.5))
+    assert [tuple(p.shape) for p in pyr] == [(1, 30, 41), (1, 15, 20)] and pyr[0] is ims[0]
+    small = pyr[1]
+    padded = _pad_to(small, 48)  # more than twice the width: repeated reflection
+    assert padded.shape == (1, 48, 48)
+    assert torch.equal(padded[0], small[0][reflect_index(np.arange(48), 15)][:, reflect_index(np.arange(48), 20)])
+    assert torch.equal(_pad_to(ims[0], 16), ims[0])  # large enough: unchanged

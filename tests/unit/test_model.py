@@ -1,0 +1,81 @@
+"""The modular network: shapes, sampling vs posterior means, module selection, input checks."""
+
+import pytest
+import torch
+from conftest import tiny_config, tiny_model
+
+from indeed_cli.model import InDeed
+from indeed_cli.model.posteriors import low_rank
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_output_shapes_follow_the_pgm(channels):
+    m = tiny_model(channels)
+    Y = torch.rand(2, channels, 24, 40)
+    d = m(Y)
+    r = m.cfg.rank
+    assert d.mu_A.shape == d.sigma_A.shape == (2, channels, 24, r)
+    assert d.mu_B.shape == d.sigma_B.shape == (2, channels, 40, r)
+    assert d.mu_S.shape == d.sigma_S.shape == Y.shape
+    assert (d.sigma_A > 0).all() and (d.sigma_B > 0).all() and (d.sigma_S > 0).all()
+    assert torch.allclose(d.L_hat, low_rank(d.mu_A, d.mu_B))
+    assert torch.linalg.matrix_rank(d.L_hat[0, 0]) <= r
+
+
+def test_inference_uses_means_and_training_samples():
+    m = tiny_model(1)
+    Y = torch.rand(1, 1, 16, 16)
+    a, b = m(Y), m(Y)
+    assert torch.equal(a.S_hat, b.S_hat) and torch.equal(a.S_hat, a.mu_S)
+    s = m(Y, sample=True)
+    assert not torch.equal(s.A_hat, s.mu_A) and not torch.equal(s.S_hat, s.mu_S)
+
+
+def test_sparse_module_sees_only_the_residual():
+    """f_thetaS takes Y - A B^T: changing Y and L by the same amount leaves S unchanged."""
+    m = tiny_model(1)
+    Y = torch.rand(1, 1, 16, 16)
+    d = m(Y)
+    mu, _ = m.sparse(Y - d.L_hat)
+    assert torch.allclose(mu, d.mu_S)
+
+
+def test_sparse_module_can_also_see_the_low_rank_part(tmp_path):
+    """sparse_input="residual+lowrank": the same residual with another L gives another S;
+    the paper's "residual" module ignores L; the option survives a checkpoint round trip."""
+    from indeed_cli.model import load_checkpoint, save_checkpoint
+
+    m = tiny_model(3, sparse_input="residual+lowrank")
+    R, L = torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)
+    assert not torch.allclose(m.sparse(R, L)[0], m.sparse(R, 2 * L)[0])
+    with pytest.raises(ValueError, match="low-rank"):
+        m.sparse(R)
+    plain = tiny_model(3)
+    assert torch.equal(plain.sparse(R, L)[0], plain.sparse(R, 2 * L)[0])
+    Y = torch.rand(1, 3, 16, 16)
+    d = m(Y)
+    assert torch.allclose(m.sparse(Y - d.L_hat, d.L_hat)[0], d.mu_S)
+    back = load_checkpoint(save_checkpoint(tmp_path / "m.safetensors", m, {}))
+    assert back.config.sparse_input == "residual+lowrank"
+    assert torch.allclose(back.model(Y).mu_S, d.mu_S, atol=1e-3)  # fp16 weights on disk
+    with pytest.raises(ValueError, match="sparse_input"):
+        InDeed(tiny_config(3, sparse_input="image"))
+
+
+def test_modules_for_active_generalization():
+    m = tiny_model(3)
+    assert m.modules_for("S") == [m.sparse]
+    assert m.modules_for("L") == [m.lowrank]
+    assert m.modules_for("LS") == [m.lowrank, m.sparse]
+    with pytest.raises(ValueError):
+        m.modules_for("X")
+
+
+def test_bad_inputs_are_refused():
+    m = tiny_model(3)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        m(torch.rand(1, 3, 20, 16))
+    with pytest.raises(ValueError, match="channel"):
+        m(torch.rand(1, 1, 16, 16))
+    with pytest.raises(ValueError):
+        InDeed(tiny_config(channels=2))

@@ -1,0 +1,250 @@
+"""Closed-form leaf updates against direct numerical minimisation, and the ELBO terms
+against the textbook KL divergences they stand for."""
+
+import math
+
+import pytest
+import torch
+
+from indeed_cli.model import Priors
+from indeed_cli.model import posteriors as P
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def kl_gamma(a, b, a0, b0):
+    """KL(Gamma(a, b) || Gamma(a0, b0)), rate parameterisation."""
+    return (
+        (a - a0) * torch.special.digamma(a)
+        - torch.lgamma(a)
+        + torch.lgamma(torch.tensor(a0))
+        + a0 * (torch.log(b) - math.log(b0))
+        + a * (b0 - b) / b
+    )
+
+
+def minimise_gamma_objective(objective, a_init=3.0, b_init=1.0):
+    """Minimise objective(alpha, beta) over log-parameters with LBFGS."""
+    la = torch.tensor(math.log(a_init), requires_grad=True)
+    lb = torch.tensor(math.log(b_init), requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [la, lb], lr=0.5, max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-14, line_search_fn="strong_wolfe"
+    )
+
+    def closure():
+        opt.zero_grad()
+        loss = objective(la.exp(), lb.exp())
+        loss.backward()
+        return loss
+
+    for _ in range(5):
+        opt.step(closure)
+    return la.exp().item(), lb.exp().item()
+
+
+def test_gamma_update_minimises_rank_plus_prior_term():
+    torch.manual_seed(0)
+    pr = Priors(alpha0=2.0, beta0_gamma=0.05)  # larger beta0 keeps the optimiser well conditioned
+    h, w = 6, 5
+    mu_A, s_A = torch.randn(1, 1, h, 1), torch.rand(1, 1, h, 1) + 0.1
+    mu_B, s_B = torch.randn(1, 1, w, 1), torch.rand(1, 1, w, 1) + 0.1
+    energy = float((mu_A**2 + s_A**2).sum() + (mu_B**2 + s_B**2).sum())
+
+    def objective(a, b):  # E_q[-log p(A|g) - log p(B|g)] + KL(q(g)||p(g)), constants dropped
+        e_log = torch.special.digamma(a) - torch.log(b)
+        return -(h + w) / 2 * e_log + a / b * energy / 2 + kl_gamma(a, b, pr.alpha0, pr.beta0_gamma)
+
+    a_num, b_num = minimise_gamma_objective(objective)
+    a, b = P.gamma_posterior(mu_A, s_A, mu_B, s_B, pr)
+    assert a.item() == pytest.approx(a_num, rel=1e-4)
+    assert b.item() == pytest.approx(b_num, rel=1e-4)
+    # the paper's doubled parameterisation has the same mean
+    assert (a / b).item() == pytest.approx((2 * pr.alpha0 + h + w) / (2 * pr.beta0_gamma + energy))
+
+
+def test_omega_update_minimises_sparse_plus_prior_term():
+    pr = Priors(alpha0=2.0, beta0_omega=0.03)
+    mu, sd = torch.tensor([[0.7]]), torch.tensor([[0.2]])
+    m2 = float(mu**2 + sd**2)
+
+    def objective(a, b):
+        e_log = torch.special.digamma(a) - torch.log(b)
+        return -0.5 * e_log + a / b * m2 / 2 + kl_gamma(a, b, pr.alpha0, pr.beta0_omega)
+
+    a_num, b_num = minimise_gamma_objective(objective)
+    a, b = P.omega_posterior(mu, sd, pr)
+    assert a.item() == pytest.approx(a_num, rel=1e-4)
+    assert b.item() == pytest.approx(b_num, rel=1e-4)
+
+
+def test_lambda_update_minimises_fidelity_plus_prior_term():
+    pr = Priors(alpha0=2.0, beta0_lambda=0.02)
+    r = torch.tensor([[0.3]])
+
+    def objective(a, b):
+        e_log = torch.special.digamma(a) - torch.log(b)
+        return -0.5 * e_log + a / b * float(r**2) / 2 + kl_gamma(a, b, pr.alpha0, pr.beta0_lambda)
+
+    a_num, b_num = minimise_gamma_objective(objective)
+    a, b = P.lambda_posterior(r, pr)
+    assert a.item() == pytest.approx(a_num, rel=1e-4)
+    assert b.item() == pytest.approx(b_num, rel=1e-4)
+
+
+def gaussian_kl(mu, var, prior_prec):
+    """KL(N(mu, var) || N(0, 1/prior_prec)), elementwise."""
+    return 0.5 * (prior_prec * (mu**2 + var) - 1 - torch.log(var * prior_prec))
+
+
+def test_rank_loss_is_the_kl_up_to_a_constant():
+    torch.manual_seed(1)
+    g = torch.rand(2, 3, 4) + 0.5
+
+    def both(seed):
+        torch.manual_seed(seed)
+        mA, sA = torch.randn(2, 3, 6, 4), torch.rand(2, 3, 6, 4) + 0.1
+        mB, sB = torch.randn(2, 3, 5, 4), torch.rand(2, 3, 5, 4) + 0.1
+        gg = g.unsqueeze(-2)
+        kl = gaussian_kl(mA, sA**2, gg).flatten(1).sum(1) + gaussian_kl(mB, sB**2, gg).flatten(1).sum(1)
+        return P.rank_loss(mA, sA, mB, sB, g), kl
+
+    (l1, k1), (l2, k2) = both(2), both(3)
+    assert torch.allclose(l1 - k1, l2 - k2)  # same constant for any q(A), q(B)
+    assert not torch.allclose(l1, l2)
+
+
+def test_sparse_loss_is_the_kl_up_to_a_constant():
+    om = torch.rand(2, 1, 4, 4) + 0.2
+    diffs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        mu, sd = torch.randn(2, 1, 4, 4), torch.rand(2, 1, 4, 4) + 0.05
+        diffs.append(P.sparse_loss(mu, sd, om) - gaussian_kl(mu, sd**2, om).flatten(1).sum(1))
+    assert torch.allclose(diffs[0], diffs[1])
+
+
+def test_fidelity_orth_and_supervision_terms():
+    torch.manual_seed(4)
+    Y, L, S, U = (torch.randn(2, 1, 3, 3) for _ in range(4))
+    lam = torch.rand(2, 1, 3, 3)
+    assert torch.allclose(P.fidelity_loss(Y, L, S, lam), 0.5 * (lam * (Y - L - S) ** 2).sum((1, 2, 3)))
+    q, _ = torch.linalg.qr(torch.randn(8, 3))
+    A = q.expand(2, 1, 8, 3)
+    assert torch.allclose(P.orth_loss(A, A), torch.zeros(2), atol=1e-12)
+    assert P.orth_loss(2 * A, A)[0] > 1
+    den = P.denoise_supervision_loss(L, S, U, 3.0)
+    assert torch.allclose(den, 1.5 * (((L + S - U) ** 2) + (L - U) ** 2).sum((1, 2, 3)))
+    uad = P.anomaly_supervision_loss(L, S, U, Y - U, 3.0)
+    assert torch.allclose(uad, 1.5 * (((L - U) ** 2) + (S - (Y - U)) ** 2).sum((1, 2, 3)))
+
+
+def test_low_rank_moments_match_monte_carlo():
+    torch.manual_seed(5)
+    mA, sA = torch.randn(1, 1, 4, 3), torch.rand(1, 1, 4, 3) * 0.5
+    mB, sB = torch.randn(1, 1, 5, 3), torch.rand(1, 1, 5, 3) * 0.5
+    mean, sd = P.low_rank_moments(mA, sA, mB, sB)
+    n = 200_000
+    A = mA + sA * torch.randn(n, 1, 4, 3)
+    B = mB + sB * torch.randn(n, 1, 5, 3)
+    L = P.low_rank(A, B)
+    assert torch.allclose(mean[0], L.mean(0), atol=0.02)
+    assert torch.allclose(sd[0], L.std(0), rtol=0.03, atol=0.01)
+
+
+def test_rank_index_counts_active_components():
+    torch.manual_seed(6)
+    h, w, r, k = 16, 12, 8, 3
+    mA = torch.zeros(1, 1, h, r)
+    mB = torch.zeros(1, 1, w, r)
+    mA[..., :k] = torch.randn(h, k)
+    mB[..., :k] = torch.randn(w, k)
+    small = torch.full_like(mA, 1e-4), torch.full_like(mB, 1e-4)
+    a, b = P.gamma_posterior(mA, small[0], mB, small[1])
+    assert P.rank_index(a, b).item() == k
+
+
+def test_leaf_means_are_detached_and_positive():
+    from conftest import tiny_model
+
+    torch.set_default_dtype(torch.float32)
+    m = tiny_model(1).train()
+    Y = torch.rand(2, 1, 16, 16)
+    d = m(Y, sample=True)
+    terms = P.elbo_terms(d, Y)
+    for k in ("mu_gamma", "mu_omega", "mu_lambda"):
+        assert not terms[k].requires_grad and (terms[k] > 0).all()
+    for k in ("fid", "rank", "sparse", "orth"):
+        assert terms[k].shape == (2,) and terms[k].requires_grad
+
+
+def test_pooled_lambda_update_minimises_fidelity_plus_prior_term():
+    pr = Priors(alpha0=2.0, beta0_lambda=0.02)
+    r = torch.tensor([[[[0.3, -0.1], [0.2, 0.05]]]])
+    m, ss = r.numel(), float(r.square().sum())
+
+    def objective(a, b):  # one precision shared by the m residuals of the sample
+        e_log = torch.special.digamma(a) - torch.log(b)
+        return -0.5 * m * e_log + a / b * ss / 2 + kl_gamma(a, b, pr.alpha0, pr.beta0_lambda)
+
+    a_num, b_num = minimise_gamma_objective(objective)
+    a, b = P.pooled_lambda_posterior(r, pr)
+    assert a.shape == (1,)
+    assert a.item() == pytest.approx(a_num, rel=1e-4)
+    assert b.item() == pytest.approx(b_num, rel=1e-4)
+
+
+def _decomposition(seed, n=2, c=1, h=6, w=5, r=3, requires_grad=False):
+    from indeed_cli.model import Decomposition
+
+    g = torch.Generator().manual_seed(seed)
+    t = {
+        k: torch.randn(n, c, *shape, generator=g) for k, shape in (("mu_A", (h, r)), ("mu_B", (w, r)), ("mu_S", (h, w)))
+    }
+    t.update(
+        {
+            k: torch.rand(n, c, *shape, generator=g) + 0.1
+            for k, shape in (("sigma_A", (h, r)), ("sigma_B", (w, r)), ("sigma_S", (h, w)))
+        }
+    )
+    for v in t.values():
+        v.requires_grad_(requires_grad)
+    L = P.low_rank(t["mu_A"], t["mu_B"])
+    return Decomposition(A_hat=t["mu_A"], B_hat=t["mu_B"], L_hat=L, S_hat=t["mu_S"], **t), torch.randn(
+        n, c, h, w, generator=g
+    )
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_collapsed_objective_has_the_gradient_of_the_losses_with_fixed_leaf_means(pooled):
+    """Envelope theorem: the leaf posteriors are optimal, so only the explicit terms move."""
+    pr = Priors()
+    d, Y = _decomposition(3, requires_grad=True)
+    P.collapsed_objective(d, Y, "LS", pr, pooled).sum().backward()
+    got = {k: getattr(d, k).grad.clone() for k in ("mu_A", "mu_B", "mu_S", "sigma_A", "sigma_B", "sigma_S")}
+    d2, _ = _decomposition(3, requires_grad=True)
+    leaf = P.leaf_means(d2, Y, pr)
+    if pooled:
+        a, b = P.pooled_lambda_posterior(Y - d2.L_hat - d2.S_hat, pr)
+        leaf["mu_lambda"] = (a / b).view(-1, 1, 1, 1).detach()
+    loss = (
+        P.fidelity_loss(Y, d2.L_hat, d2.S_hat, leaf["mu_lambda"])
+        + P.sparse_loss(d2.mu_S, d2.sigma_S, leaf["mu_omega"])
+        + P.rank_loss(d2.mu_A, d2.sigma_A, d2.mu_B, d2.sigma_B, leaf["mu_gamma"])
+    )
+    loss.sum().backward()
+    for k, g in got.items():
+        assert torch.allclose(g, getattr(d2, k).grad, rtol=1e-6, atol=1e-9), k
+
+
+def test_collapsed_objective_terms_follow_modules():
+    d, Y = _decomposition(4)
+    fid = P.collapsed_objective(d, Y, "", Priors())
+    s, l_, ls = (P.collapsed_objective(d, Y, m, Priors()) for m in ("S", "L", "LS"))
+    assert torch.allclose(ls - fid, (s - fid) + (l_ - fid))
+    assert not torch.allclose(s, fid) and not torch.allclose(l_, fid)

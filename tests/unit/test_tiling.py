@@ -1,0 +1,119 @@
+"""Tiling: exact round-trip, tiled == untiled for local operators, seamless stitching."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+
+from indeed_cli.inference import InferenceOptions, TileGrid, decompose, denoise, network_for, reflect_index, tiled_apply
+
+
+@pytest.mark.parametrize(
+    "h,w,tile,overlap",
+    [(37, 31, 128, 32), (129, 257, 128, 32), (211, 213, 128, 17), (5, 300, 64, 16), (256, 256, 128, 0)],
+)
+def test_identity_round_trip_is_exact(h, w, tile, overlap):
+    img = torch.rand(3, h, w)
+    maps, _ = tiled_apply(lambda t: {"x": t}, img, tile, overlap, batch=3)
+    assert maps["x"].shape == img.shape
+    assert torch.allclose(maps["x"], img, atol=1e-6)
+
+
+def test_local_operator_tiled_equals_untiled():
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 5, padding=2, padding_mode="reflect"),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(4, 1, 5, padding=2, padding_mode="reflect"),
+    ).eval()
+    img = torch.rand(1, 129, 257)
+    with torch.no_grad():
+        full = conv(img[None])[0]
+        maps, _ = tiled_apply(lambda t: {"y": conv(t)}, img, 64, 24, batch=4)
+    # receptive field radius 4 <= overlap // 4 (the zero band): tiles agree to float precision.
+    # At the image border, per-layer reflect padding differs from reflecting the input, so
+    # compare away from it.
+    assert torch.allclose(maps["y"][:, 8:-8, 8:-8], full[:, 8:-8, 8:-8], atol=1e-5)
+
+
+def test_reflect_index_handles_pads_larger_than_the_image():
+    idx = reflect_index(np.arange(-7, 10), 3)
+    assert idx.min() >= 0 and idx.max() <= 2
+    assert list(reflect_index(np.array([-1, 0, 1, 2, 3]), 3)) == [1, 0, 1, 2, 1]
+
+
+def test_grid_refuses_bad_geometry():
+    with pytest.raises(ValueError):
+        TileGrid(10, 10, 64, 64)
+    with pytest.raises(ValueError):
+        TileGrid(10, 10, 0, 0)
+
+
+def test_model_small_image_tiled_equals_single_pass():
+    """An image within one tile is one padded forward pass: tiled output must match it."""
+    from indeed_cli.model import Checkpoint
+
+    m = tiny_model(3)
+    ck = Checkpoint(m, m.cfg)
+    img = np.random.default_rng(0).random((3, 37, 31)).astype(np.float32)
+    opts = InferenceOptions(tile=64, overlap=16)
+    out = denoise(ck, img, opts)
+    grid = TileGrid(37, 31, 64, 16)
+    tile = grid.cut(torch.from_numpy(img), 0, 0)[None]
+    with torch.no_grad():
+        d = m(tile)
+    ref = (d.L_hat + d.mu_S)[0, :, 8:45, 8:39]
+    assert out.shape == img.shape
+    assert np.allclose(out, ref.numpy(), atol=1e-5)
+
+
+def test_decomposition_identity_and_no_seams():
+    from indeed_cli.model import Checkpoint
+
+    m = tiny_model(1)
+    ck = Checkpoint(m, m.cfg)
+    img = np.random.default_rng(1).random((1, 129, 257)).astype(np.float32)
+    dec = decompose(ck, img, InferenceOptions(tile=64, overlap=16))
+    arr = dec.in_scale(255.0)
+    assert np.allclose(arr["L"] + arr["S"] + arr["N"], arr["Y"], atol=1e-3)
+    assert arr["mu_gamma"].shape[:2] == dec.tiles["rank_index"].shape[:2]
+    # blending is smooth: the output is a continuous function of tile outputs (finite everywhere)
+    for k in ("L", "S", "sigma_L", "sigma_S", "mu_omega", "mu_lambda"):
+        assert np.isfinite(arr[k]).all() and arr[k].shape == (1, 129, 257)
+
+
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_per_tile_outputs_keep_grid_order_for_any_batch(batch):
+    """Strips may share a forward pass; per-tile vectors must still land on their tile."""
+    img = torch.rand(2, 150, 230)
+    maps, grids = tiled_apply(lambda t: {"x": t, "mean": t.mean((2, 3))}, img, 64, 16, batch=batch)
+    g = TileGrid(150, 230, 64, 16)
+    expect = torch.stack([g.cut(img, y, x).mean((1, 2)) for y, x in g.positions()]).reshape(*g.shape, 2)
+    assert torch.allclose(grids["mean"], expect, atol=1e-6)
+    assert torch.allclose(maps["x"], img, atol=1e-6)
+
+
+def test_bf16_inference_runs_a_bf16_copy_close_to_fp32_and_follows_weight_changes():
+    """--precision bf16 runs a bf16 copy of the network (inference.network_for): close to fp32 but not
+    equal to it; the fp32 network is left as it was; a change of the weights reaches the copy."""
+    from indeed_cli.model import Checkpoint
+
+    m = tiny_model(1)
+    ck = Checkpoint(m, m.cfg)
+    img = np.random.default_rng(2).random((1, 70, 90)).astype(np.float32)
+    fp32 = denoise(ck, img, InferenceOptions(tile=64, overlap=16))
+    bf16 = denoise(ck, img, InferenceOptions(tile=64, overlap=16, precision="bf16"))
+    assert bf16.dtype == np.float32 and bf16.shape == img.shape
+    assert not np.array_equal(bf16, fp32)
+    np.testing.assert_allclose(bf16, fp32, atol=0.05)
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+    net = network_for(ck, "bf16")
+    assert net is not m and network_for(ck, "bf16") is net  # made once
+    assert all(p.dtype == torch.bfloat16 for p in net.parameters())
+    with torch.no_grad():
+        m.sparse.head.bias.add_(0.25)  # in place, as an optimiser or load_state_dict would
+    assert network_for(ck, "bf16") is not net
+    moved = denoise(ck, img, InferenceOptions(tile=64, overlap=16, precision="bf16"))
+    assert np.abs(moved - bf16).mean() > 0.1
+    with pytest.raises(ValueError):
+        network_for(ck, "fp16")

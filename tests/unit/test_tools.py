@@ -1,0 +1,86 @@
+"""Checkpoints made from checkpoints (weight averaging, growing f_thetaS, exporting a run's state),
+as library functions and through the scripts in tools/."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config, tiny_model
+
+from indeed_cli.model import Checkpoint, load_checkpoint, save_checkpoint
+from indeed_cli.model.surgery import average_checkpoints, grow_sparse_blocks
+from indeed_cli.tasks.training import TrainConfig, export_state, read_state_metadata, save_state
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+
+def _ck(seed: int) -> Checkpoint:
+    m = tiny_model(1, seed=seed)
+    return Checkpoint(m, m.cfg, {"steps": 10 * seed}, {}, f"m{seed}")
+
+
+def test_average_is_the_mean_of_the_weights_and_lists_its_runs():
+    a, b = _ck(1), _ck(2)
+    avg = average_checkpoints([a, b])
+    for k, v in avg.model.state_dict().items():
+        torch.testing.assert_close(v, (a.model.state_dict()[k] + b.model.state_dict()[k]) / 2)
+    assert avg.training["soup_steps"] == [10, 20] and avg.training["soup_of"] == ["m1", "m2"]
+
+
+def test_average_refuses_checkpoints_of_different_models():
+    other = tiny_model(1, sparse_blocks=2)
+    try:
+        average_checkpoints([_ck(1), Checkpoint(other, other.cfg)])
+    except ValueError as e:
+        assert "config" in str(e)
+    else:
+        raise AssertionError("averaged two different models")
+
+
+def test_grown_network_computes_the_same_function():
+    src = _ck(3)
+    grown = grow_sparse_blocks(src, 3)
+    assert grown.config.sparse_blocks == 3 and sum(p.numel() for p in grown.model.parameters()) > sum(
+        p.numel() for p in src.model.parameters()
+    )
+    x = torch.rand(2, 1, 32, 32)
+    with torch.no_grad():
+        d0, d1 = src.model(x), grown.model(x)
+    torch.testing.assert_close(d1.mu_S, d0.mu_S)
+    torch.testing.assert_close(d1.L_hat, d0.L_hat)
+
+
+def test_export_state_writes_the_checkpoint_of_a_run(tmp_path):
+    cfg = tiny_config(1)
+    model = tiny_model(1, seed=4)
+    opt = torch.optim.Adam(model.parameters())
+    extra = {"train": {}, "model": json.loads(cfg.to_json()), "facts": {"task": "denoise"}}
+    save_state(tmp_path / "run", model, opt, 7, torch.Generator(), extra, elapsed=12.0, shard_bytes=2000)
+    assert len(list((tmp_path / "run").glob("state-*.safetensors"))) > 1  # a parameter, not a constant
+    assert read_state_metadata(tmp_path / "run")["step"] == 7
+    out = export_state(tmp_path / "run", tmp_path / "m.safetensors")
+    ck = load_checkpoint(out)
+    assert ck.config == cfg and ck.training["steps"] == 7 and ck.training["task"] == "denoise"
+    for k, v in ck.model.state_dict().items():  # fp16 on disk
+        torch.testing.assert_close(v, model.state_dict()[k].half().float())
+
+
+@pytest.mark.slow  # three Python processes
+def test_tool_scripts_run(tmp_path):
+    a, b = (save_checkpoint(tmp_path / f"{s}.safetensors", _ck(s).model) for s in (1, 2))
+    run = [sys.executable, str(TOOLS / "average_weights.py"), tmp_path / "avg.safetensors", a, b]
+    assert subprocess.run(run, capture_output=True).returncode == 0
+    run = [sys.executable, str(TOOLS / "grow_network.py"), "--weights", a, "--blocks", "2", "--out", tmp_path / "g.st"]
+    r = subprocess.run(run, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert load_checkpoint(tmp_path / "g.st").config.sparse_blocks == 2
+    model = tiny_model(1)
+    extra = {"model": json.loads(model.cfg.to_json())}
+    save_state(tmp_path / "run", model, torch.optim.Adam(model.parameters()), 3, torch.Generator(), extra)
+    run = [sys.executable, str(TOOLS / "export_state.py"), tmp_path / "run", tmp_path / "e.safetensors"]
+    r = subprocess.run(run, capture_output=True, text=True)
+    assert r.returncode == 0 and "step 3" in r.stdout, r.stderr
+    assert TrainConfig().state_shard_mb == 0  # one file unless asked
