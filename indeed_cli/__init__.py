@@ -38,8 +38,8 @@ from .pipelines import (
 from .tasks.adaptation import AdaptConfig, adapt, adapt_each
 from .tasks.detection import detect
 from .tasks.training import LossWeights, TrainConfig
+from .version import __version__  # noqa: F401  (the package's version, not an API name)
 
-__version__ = "0.2.0"
 __all__ = [
     "AdaptConfig",
     "Checkpoint",

@@ -10,50 +10,62 @@ import typer
 from ..pipelines import adapt_folder
 from ..tasks.adaptation import AdaptConfig
 from .options import INFERENCE, RunOptions, shared_options
-from .runner import Reporter, warn
+from .runner import Reporter
 
 
 @shared_options(*INFERENCE, "json_out", "force", "quiet", "recursive")
 def adapt_cmd(
-    inputs: Annotated[list[str], typer.Argument(help="Out-of-distribution images: files, folders or globs.")],
+    inputs: Annotated[
+        list[str], typer.Argument(metavar="IMAGE", help="Out-of-distribution images: files, folders or globs.")
+    ],
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Output folder: <stem>.png and the decomposition files.")
+        Path,
+        typer.Option("--output", "-o", metavar="PATH", help="Output folder: <stem>.png and the decomposition files."),
     ],
     mode: Annotated[
-        str, typer.Option("--mode", help="ag: adapt once on all inputs; oag: adapt on each image alone.")
+        str,
+        typer.Option("--mode", metavar="ag|oag", help="ag: adapt once on all inputs; oag: adapt on each image alone."),
     ] = "ag",
-    modules: Annotated[str, typer.Option("--modules", help="Module(s) to fine-tune: S, L or LS.")] = "S",
+    modules: Annotated[
+        str, typer.Option("--modules", metavar="S|L|LS", help="Module(s) to fine-tune: S, L or LS.")
+    ] = "S",
     steps: Annotated[
         int | None,
         typer.Option(
             "--steps",
+            metavar="N",
             min=1,
             help="Most optimisation steps, early stopping may end sooner (default 20 for ag, 12 for oag).",
         ),
     ] = None,
     lr: Annotated[
-        float | None, typer.Option("--lr", help="Adam learning rate (default 1e-5 for ag, 3e-5 for oag).")
+        float | None, typer.Option("--lr", metavar="LR", help="Adam learning rate (default 1e-5 for ag, 3e-5 for oag).")
     ] = None,
     patience: Annotated[
-        int, typer.Option("--patience", min=1, help="Evaluations without improvement before stopping.")
+        int, typer.Option("--patience", metavar="N", min=1, help="Evaluations without improvement before stopping.")
     ] = AdaptConfig.patience,
     max_change: Annotated[
         float,
-        typer.Option("--max-change", help="Trust region: stop when L + S has moved this much (RMS, 8-bit units)."),
+        typer.Option(
+            "--max-change", metavar="RMS", help="Trust region: stop when L + S has moved this much (RMS, 8-bit units)."
+        ),
     ] = AdaptConfig.max_change,
     noise_precision: Annotated[
         str,
         typer.Option(
-            "--noise-precision", help="image: one noise precision per image; pixel: the paper's pixel-wise Lambda."
+            "--noise-precision",
+            metavar="image|pixel",
+            help="image: one noise precision per image; pixel: the paper's pixel-wise Lambda.",
         ),
     ] = "image",
     save_weights: Annotated[
-        Path | None, typer.Option("--save-weights", help="ag: write the adapted checkpoint here.")
+        Path | None, typer.Option("--save-weights", metavar="PATH", help="ag: write the adapted checkpoint here.")
     ] = None,
     group: Annotated[
         int | None,
         typer.Option(
             "--group",
+            metavar="N",
             min=1,
             help="oag: images adapted at once, each with its own weights (default 32 on a GPU, 1 on a CPU).",
         ),
@@ -86,7 +98,6 @@ def adapt_cmd(
         config=cfg,
         save_weights=save_weights,
         denoised_only=denoised_only,
-        log=None if run.quiet else warn,
-        **run.folder_run(report, skip_and_progress=False),
+        **run.folder_run(report, skip_existing=False),
     )
     report.finish()

@@ -19,17 +19,23 @@ def calibrate_cmd(
         list[str],
         typer.Option(
             "--data",
+            metavar="DIR|LIST",
             help="denoise: clean training images; detect: normal images "
             "not used in training. Folder(s) or .txt list(s).",
         ),
     ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the calibrated checkpoint.")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", metavar="PATH", help="Where to write the calibrated checkpoint.")
+    ],
     weights: Weights = None,
     channels: Annotated[
-        int, typer.Option("--channels", help="Without --weights: the bundled colour (3) or gray (1) model.")
+        int,
+        typer.Option("--channels", metavar="1|3", help="Without --weights: the bundled colour (3) or gray (1) model."),
     ] = 3,
-    samples: Annotated[int, typer.Option("--samples", min=8, help="denoise: noisy training images to measure.")] = 256,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    samples: Annotated[
+        int, typer.Option("--samples", metavar="N", min=8, help="denoise: noisy training images to measure.")
+    ] = 256,
+    seed: Annotated[int, typer.Option("--seed", metavar="N")] = 0,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,

@@ -8,18 +8,26 @@ from typing import Annotated
 
 import typer
 
-from ..io import is_stdio
-from ..pipelines import denoise_folder
+from ..io import JPEG_QUALITY, is_stdio
+from ..pipelines import Outcome, denoise_folder
 from .options import ALL_SHARED, RunOptions, shared_options
 from .runner import CLIError, Reporter
 
 
 @shared_options(*ALL_SHARED)
 def denoise_cmd(
-    inputs: Annotated[list[str], typer.Argument(help="Image files, folders or glob patterns; - reads standard input.")],
+    inputs: Annotated[
+        list[str],
+        typer.Argument(metavar="IMAGE", help="Image files, folders or glob patterns; - reads standard input."),
+    ],
     output: Annotated[
         Path,
-        typer.Option("--output", "-o", help="Output file (one input) or folder; - writes a PNG to standard output."),
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="PATH",
+            help="Output file (one input) or folder; - writes a PNG to standard output.",
+        ),
     ],
     auto_adapt: Annotated[
         bool,
@@ -29,8 +37,11 @@ def denoise_cmd(
         ),
     ] = False,
     ood_threshold: Annotated[
-        float | None, typer.Option("--ood-threshold", help="Override the checkpoint's OOD threshold.")
+        float | None, typer.Option("--ood-threshold", metavar="SCORE", help="Override the checkpoint's OOD threshold.")
     ] = None,
+    quality: Annotated[
+        int, typer.Option("--quality", metavar="1-100", min=1, max=100, help="JPEG and WebP quality of -o FILE.jpg.")
+    ] = JPEG_QUALITY,
     run: RunOptions = RunOptions(),
 ) -> None:
     """Denoise images with the InDeed posterior mean L + S (--json adds the OOD score)."""
@@ -40,6 +51,24 @@ def denoise_cmd(
         raise CLIError("-o - writes a PNG to standard output, which is a terminal here; redirect or pipe it")
     report = Reporter(run.json_out, run.quiet)
     denoise_folder(
-        inputs, output, ood=run.json_out, auto_adapt=auto_adapt, ood_threshold=ood_threshold, **run.folder_run(report)
+        inputs, output, auto_adapt=auto_adapt, ood_threshold=ood_threshold, quality=quality, **run.folder_run(report)
     )
-    report.finish()
+    report.finish(ood_warning(report.processed()))
+
+
+def ood_warning(done: list[Outcome]) -> str:
+    """One line when images were flagged as out of distribution and left unadapted: their noise
+    (real camera noise, say) is unlike the training noise and may be left largely in place."""
+    flagged = [o for o in done if o.record.get("ood") and not o.record.get("adapted")]
+    if not flagged:
+        return ""
+    threshold = flagged[0].record["ood_threshold"]
+    if len(flagged) == 1:
+        o = flagged[0]
+        score = o.record["ood_score"]
+        what = f"{o.source.name} looks unlike the training images (OOD score {score:.3g} > {threshold:.3g})"
+        run = f"`indeed adapt {o.source} --mode oag -o DIR`"
+    else:
+        what = f"{len(flagged)} of {len(done)} images look unlike the training images (OOD score > {threshold:.3g})"
+        run = "`indeed adapt FOLDER --mode ag -o DIR` (one camera)"
+    return f"{what}: real camera noise, say, may be left in place; rerun with --auto-adapt or {run}"

@@ -7,22 +7,25 @@ from typing import Annotated
 
 import typer
 
-from ..pipelines import detect_folder, parse_scales
+from ..pipelines import Outcome, detect_folder, parse_scales
 from .options import ALL_SHARED, RunOptions, shared_options
-from .runner import Reporter, warn
+from .runner import Reporter
 
 
 @shared_options(*ALL_SHARED)
 def detect_cmd(
-    inputs: Annotated[list[str], typer.Argument(help="Image files, folders or glob patterns.")],
-    maps: Annotated[Path, typer.Option("--maps", help="Folder for <stem>_anomaly/_overlay/_mask.png and <stem>.npz.")],
+    inputs: Annotated[list[str], typer.Argument(metavar="IMAGE", help="Image files, folders or glob patterns.")],
+    maps: Annotated[
+        Path, typer.Option("--maps", metavar="DIR", help="Folder for <stem>_anomaly/_overlay/_mask.png and <stem>.npz.")
+    ],
     threshold: Annotated[
-        float | None, typer.Option("--threshold", help="Override the checkpoint's learned threshold.")
+        float | None, typer.Option("--threshold", metavar="SCORE", help="Override the checkpoint's learned threshold.")
     ] = None,
     scales: Annotated[
         str | None,
         typer.Option(
             "--scales",
+            metavar="LIST",
             help="Read-out scales, e.g. 1,0.5,0.25 (maps averaged); default: those stored with the threshold.",
         ),
     ] = None,
@@ -31,9 +34,19 @@ def detect_cmd(
     """Detect anomalies (defects) pixel by pixel; one JSON line per image with --json."""
     read_scales = parse_scales(scales) if scales else None
     report = Reporter(run.json_out, run.quiet)
-    outcomes = detect_folder(inputs, maps, threshold=threshold, scales=read_scales, **run.folder_run(report))
-    if not run.quiet:
-        done = [o for o in outcomes if not o.skipped]
-        flagged = sum(bool(o.record.get("anomalous")) for o in done if o.ok)
-        warn(f"{flagged} of {len(done) - report.failed} images flagged as anomalous")
-    report.finish()
+    detect_folder(inputs, maps, threshold=threshold, scales=read_scales, **run.folder_run(report))
+    report.finish(flag_summary(report.processed()))
+
+
+def flag_summary(done: list[Outcome]) -> str:
+    """How many images were flagged; when none was, the highest score and what to do about it."""
+    flagged = sum(bool(o.record.get("anomalous")) for o in done)
+    line = f"{flagged} of {len(done)} images flagged as anomalous"
+    if done and not flagged:
+        top = max(done, key=lambda o: o.record["score"])
+        line += (
+            f" (threshold {top.record['threshold']:.4g}, highest score {top.record['score']:.4g} for "
+            f"{top.source.name}): --threshold sets another operating point, and a detector trained on "
+            "your own normal images (indeed train --task detect) knows your surfaces"
+        )
+    return line

@@ -20,24 +20,36 @@ def evaluate_cmd(
     clean: Annotated[
         list[str],
         typer.Argument(
-            help="Clean images (files, folders, globs); with --task detect, images whose masks lie beside them."
+            metavar="IMAGE",
+            help="Clean images (files, folders, globs); with --task detect, images whose masks lie beside them.",
         ),
     ],
     task: Annotated[
-        str, typer.Option("--task", help="denoise, or detect (pixel/image AUROC and AP against masks).")
+        str,
+        typer.Option(
+            "--task", metavar="denoise|detect", help="denoise, or detect (pixel/image AUROC and AP against masks)."
+        ),
     ] = "denoise",
     mask_suffix: Annotated[
-        str, typer.Option("--mask-suffix", help="detect: the mask of X.jpg is X<suffix>; no mask = normal.")
+        str,
+        typer.Option(
+            "--mask-suffix", metavar="SUFFIX", help="detect: the mask of X.jpg is X<suffix>; no mask = normal."
+        ),
     ] = ".png",
-    sigma: Annotated[list[float], typer.Option("--sigma", "-s", help="AWGN sigma in 8-bit units (repeatable).")] = [
-        25.0
-    ],
+    sigma: Annotated[
+        list[float], typer.Option("--sigma", "-s", metavar="SIGMA", help="AWGN sigma in 8-bit units (repeatable).")
+    ] = [25.0],
     clipped: Annotated[bool, typer.Option("--clipped8", help="Clip and quantise the noisy input to 8 bits.")] = False,
-    noisy: Annotated[Path | None, typer.Option("--noisy", help="Paired mode: folder of real noisy images.")] = None,
+    noisy: Annotated[
+        Path | None, typer.Option("--noisy", metavar="DIR", help="Paired mode: folder of real noisy images.")
+    ] = None,
     pair: Annotated[
-        str, typer.Option("--pair", help="Paired mode: stem substitution noisy:clean, e.g. _real:_mean.")
+        str,
+        typer.Option(
+            "--pair", metavar="NOISY:CLEAN", help="Paired mode: stem substitution noisy:clean, e.g. _real:_mean."
+        ),
     ] = "",
-    limit: Annotated[int, typer.Option("--limit", help="Use only the first N images (0 = all).")] = 0,
+    limit: Annotated[int, typer.Option("--limit", metavar="N", help="Use only the first N images (0 = all).")] = 0,
     run: RunOptions = RunOptions(),
 ) -> None:
     """Score denoising (PSNR/SSIM) or anomaly detection (AUROC/AP), as a table or JSON lines."""

@@ -11,24 +11,31 @@ from typing import Annotated
 import typer
 
 from ..inference import InferenceOptions
-from .runner import CLIError, tile_progress
+from .runner import CLIError, Reporter
 
 Weights = Annotated[
     str | None,
     typer.Option(
         "--weights",
         "-w",
+        metavar="CHECKPOINT",
         help="Checkpoint: bundled name (color, gray), a .safetensors path, or "
         "hf://owner/repo/file.safetensors@revision. Default: the bundled model for the image's channels.",
     ),
 ]
-Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
-Tile = Annotated[int, typer.Option("--tile", min=16, help="Tile size in pixels (multiple of 8).")]
-Overlap = Annotated[int, typer.Option("--overlap", min=0, help="Overlap between tiles in pixels.")]
-Batch = Annotated[int | None, typer.Option("--batch", min=1, help="Tiles per device batch (default 8 CPU, 256 GPU).")]
+Device = Annotated[str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")]
+Tile = Annotated[int, typer.Option("--tile", metavar="PIXELS", min=16, help="Tile size in pixels (multiple of 8).")]
+Overlap = Annotated[int, typer.Option("--overlap", metavar="PIXELS", min=0, help="Overlap between tiles in pixels.")]
+Batch = Annotated[
+    int | None, typer.Option("--batch", metavar="TILES", min=1, help="Tiles per device batch (default 8 CPU, 256 GPU).")
+]
 Precision = Annotated[
     str,
-    typer.Option("--precision", help="fp32, or bf16 (GPUs; CPUs with AMX or AVX512-BF16): a bf16 copy of the network."),
+    typer.Option(
+        "--precision",
+        metavar="fp32|bf16",
+        help="fp32, or bf16 (GPUs; CPUs with AMX or AVX512-BF16): a bf16 copy of the network.",
+    ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON line per image on stdout.")]
 Force = Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")]
@@ -81,12 +88,13 @@ class RunOptions:
     def inference(self) -> InferenceOptions:
         return inference_options(self.tile, self.overlap, self.batch, self.precision, self.compile_net)
 
-    def folder_run(self, on_outcome: Callable, skip_and_progress: bool = True) -> dict:
-        """Keyword arguments of a folder pipeline (indeed_cli.pipelines) that these options set."""
+    def folder_run(self, report: Reporter, skip_existing: bool = True) -> dict:
+        """Keyword arguments of a folder pipeline (indeed_cli.pipelines) that these options set;
+        ``report`` hears of the progress and of every outcome."""
         kw = {"weights": self.weights, "device": self.device, "options": self.inference(),
-              "recursive": self.recursive, "force": self.force, "on_outcome": on_outcome}  # fmt: skip
-        if skip_and_progress:
-            kw.update(skip_existing=self.skip_existing, progress=tile_progress(self.quiet))
+              "recursive": self.recursive, "force": self.force, "on_outcome": report, "progress": report}  # fmt: skip
+        if skip_existing:
+            kw["skip_existing"] = self.skip_existing
         return kw
 
 
@@ -100,14 +108,18 @@ ALL_SHARED = tuple(SHARED)
 INFERENCE = ("weights", "device", "tile", "overlap", "batch", "precision")
 
 
-def shared_options(*names: str) -> Callable:
-    """Give a command the shared options ``names`` after its own: Typer sees them in the signature,
-    the command receives them as one :class:`RunOptions` in its ``run`` parameter."""
+def shared_options(*names: str, **defaults) -> Callable:
+    """Give a command the shared options ``names`` after its own (``defaults`` overrides some of their
+    defaults): Typer sees them in the signature, the command gets them as one :class:`RunOptions`
+    in its ``run`` parameter."""
 
     def decorate(fn: Callable) -> Callable:
         own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "run"]
-        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=SHARED[n][1], annotation=SHARED[n][0])
-                 for n in names]  # fmt: skip
+        extra = [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(n, SHARED[n][1]),
+                              annotation=SHARED[n][0])
+            for n in names
+        ]  # fmt: skip
 
         @functools.wraps(fn)
         def command(**kwargs):

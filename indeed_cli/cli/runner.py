@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from contextlib import contextmanager
 
 import typer
 from tqdm import tqdm
 
-from ..pipelines import Outcome
+from ..pipelines import Outcome, Progress
 
 # Exit codes (docs/cli.md)
 EXIT_OK = 0
 EXIT_FAILED = 1  # one or more inputs could not be processed (the others were)
 EXIT_USAGE = 2  # bad arguments, nothing to do, refused overwrite
 EXIT_WEIGHTS = 3  # checkpoint missing, unreadable or not matching
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
 
 
 class CLIError(Exception):
@@ -47,50 +49,88 @@ def emit_json(record: dict) -> None:
     sys.stdout.flush()
 
 
-def tile_progress(quiet: bool):
-    """A per-image tile bar on stderr, shown only on a terminal (a pipeline's ``progress``)."""
-
-    @contextmanager
-    def bar(name: str, total: int):
-        with tqdm(
-            total=total,
-            desc=name,
-            unit="tile",
-            disable=True if quiet else None,
-            leave=False,
-            file=sys.stderr,
-            dynamic_ncols=True,
-        ) as t:
-            yield t.update
-
-    return bar
-
-
-class Reporter:
-    """Reports each Outcome as it comes: its JSON line (``--json``), or one stderr line for a failure;
-    :meth:`finish` says what was left out and exits 1 when any input failed."""
+class Reporter(Progress):
+    """What the user sees of a folder run: a bar over the images and one over the tiles of each
+    (on a terminal), one JSON line per input (``--json``), one stderr line per failure, a summary
+    line at the end (unless ``-q``), and the exit code (:meth:`finish`)."""
 
     def __init__(self, json_out: bool, quiet: bool):
         self.json_out, self.quiet = json_out, quiet
         self.ok, self.failed, self.skipped = 0, 0, 0
+        self.outcomes: list[Outcome] = []
+        self.bar: tqdm | None = None
+        self.t0 = time.perf_counter()
+
+    # Progress: the pipeline's hooks
+    def start(self, total: int) -> None:
+        if not self.quiet and total > 1:  # disable=None: only on a terminal
+            self.bar = tqdm(total=total, desc="images", unit="image", file=sys.stderr, disable=None, dynamic_ncols=True)
+
+    @contextmanager
+    def tiles(self, name: str, total: int):
+        with tqdm(total=total, desc=name, unit="tile", disable=True if self.quiet else None, leave=False,
+                  position=1 if self.bar is not None else 0, file=sys.stderr, dynamic_ncols=True) as t:  # fmt: skip
+            yield t.update
+
+    def note(self, message: str) -> None:
+        if not self.quiet:
+            self.say(message)
+
+    def say(self, message: str) -> None:
+        """One line on stderr, above the bars when there are some."""
+        line = f"indeed: {message}"
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
 
     def __call__(self, o: Outcome) -> None:
+        self.outcomes.append(o)
         if o.skipped:
             self.skipped += 1
             if self.json_out:
                 emit_json(o.record)
-        elif o.error is not None:
+            return
+        if o.error is not None:
             self.failed += 1
-            warn(f"error: {o.error}")
+            self.say(f"error: {o.error}")
             if self.json_out:
                 emit_json({"image": str(o.source), "error": str(o.error)})
         else:
             self.ok += 1
             if self.json_out:
                 emit_json(o.record)
+        if self.bar is not None:
+            self.bar.update(1)
 
-    def finish(self) -> None:
-        if self.skipped and not self.json_out and not self.quiet:
-            warn(f"skipped {self.skipped} input(s) whose outputs exist (--skip-existing)")
+    def finish(self, *notes: str) -> None:
+        """Close the bars, print the summary and ``notes`` (unless quiet); exit 1 if any input failed."""
+        if self.bar is not None:
+            self.bar.close()
+        if not self.quiet:
+            self.say_summary()
+            for note in notes:
+                if note:
+                    self.say(note)
         if self.failed:
             raise typer.Exit(EXIT_FAILED)
+
+    def say_summary(self) -> None:
+        """What was done and how long it took; nothing when the only input failed (its error line
+        is the one line a bad input gets)."""
+        seconds = f"{time.perf_counter() - self.t0:.1f} s"
+        done = self.processed()
+        if len(self.outcomes) == 1 and len(done) == 1 and "output" in done[0].record:
+            self.say(f"wrote {done[0].record['output']} in {seconds}")
+        elif len(self.outcomes) > 1 or done:
+            parts = [f"{self.ok} of {len(self.outcomes)} images done"]
+            if self.failed:
+                parts.append(f"{self.failed} failed")
+            if self.skipped:
+                parts.append(f"{self.skipped} skipped (outputs existed)")
+            self.say(", ".join(parts) + f" in {seconds}")
+
+    def processed(self) -> list[Outcome]:
+        """The outcomes of the inputs that were processed without error."""
+        return [o for o in self.outcomes if o.ok]

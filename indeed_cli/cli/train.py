@@ -14,16 +14,25 @@ from ..tasks.training import LossWeights, Recipe, TrainConfig
 
 
 def train_cmd(
-    data: Annotated[list[str], typer.Option("--data", help="Training images: folder(s) or .txt list(s) of paths.")],
-    out: Annotated[Path, typer.Option("--out", help="Run folder: resumable state, log.jsonl, model.safetensors.")],
-    task: Annotated[str, typer.Option("--task", help="denoise, or detect (train on normal images only).")] = "denoise",
+    data: Annotated[
+        list[str],
+        typer.Option("--data", metavar="DIR|LIST", help="Training images: folder(s) or .txt list(s) of paths."),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", metavar="DIR", help="Run folder: resumable state, log.jsonl, model.safetensors.")
+    ],
+    task: Annotated[
+        str, typer.Option("--task", metavar="denoise|detect", help="denoise, or detect (train on normal images only).")
+    ] = "denoise",
     textures: Annotated[
-        str | None, typer.Option("--textures", help="detect: texture images for synthetic anomalies (e.g. DTD).")
+        str | None,
+        typer.Option("--textures", metavar="DIR", help="detect: texture images for synthetic anomalies (e.g. DTD)."),
     ] = None,
     anomalies: Annotated[
         str,
         typer.Option(
             "--anomalies",
+            metavar="strong|subtle|surface",
             help="detect: synthetic anomaly preset: strong, subtle "
             "(also faint, soft-edged ones) or surface (large texture regions); "
             "docs/guide/detect.md.",
@@ -33,69 +42,95 @@ def train_cmd(
         str | None,
         typer.Option(
             "--scales",
+            metavar="LIST",
             help="Image pyramid to train on. detect: also the "
             "read-out scales (maps averaged; large defects need it), "
             "default 1,0.5,0.25. denoise: scale augmentation (copies "
             "smaller than --patch are left out), default 1.",
         ),
     ] = None,
-    channels: Annotated[int, typer.Option("--channels", help="1 = gray model, 3 = colour model.")] = 3,
-    val: Annotated[str | None, typer.Option("--val", help="Held-out images for validation PSNR.")] = None,
+    channels: Annotated[int, typer.Option("--channels", metavar="1|3", help="1 = gray model, 3 = colour model.")] = 3,
+    val: Annotated[
+        str | None, typer.Option("--val", metavar="DIR|LIST", help="Held-out images for validation PSNR.")
+    ] = None,
     val_count: Annotated[
-        int, typer.Option("--val-count", help="Without --val: hold out the last N training images.")
+        int, typer.Option("--val-count", metavar="N", help="Without --val: hold out the last N training images.")
     ] = Recipe.val_count,
-    steps: Annotated[int, typer.Option("--steps", help="Planned total steps (LR schedule).")] = TrainConfig.steps,
-    batch: Annotated[int, typer.Option("--batch")] = TrainConfig.batch,
-    patch: Annotated[int, typer.Option("--patch")] = TrainConfig.patch,
-    lr: Annotated[float, typer.Option("--lr")] = TrainConfig.lr,
+    steps: Annotated[
+        int, typer.Option("--steps", metavar="N", help="Planned total steps (LR schedule).")
+    ] = TrainConfig.steps,
+    batch: Annotated[
+        int, typer.Option("--batch", metavar="PATCHES", help="Patches per step (per GPU with torchrun).")
+    ] = TrainConfig.batch,
+    patch: Annotated[
+        int, typer.Option("--patch", metavar="PIXELS", help="Side of the square training patches.")
+    ] = TrainConfig.patch,
+    lr: Annotated[
+        float, typer.Option("--lr", metavar="LR", help="Peak Adam learning rate (after warm-up; cosine decay to 1e-6).")
+    ] = TrainConfig.lr,
     sigma_max: Annotated[
         float | None,
-        typer.Option("--sigma-max", help="AWGN sigma ~ U(0, max] (8-bit units); default 75 for denoise, 5 for detect."),
+        typer.Option(
+            "--sigma-max",
+            metavar="SIGMA",
+            help="AWGN sigma ~ U(0, max] (8-bit units); default 75 for denoise, 5 for detect.",
+        ),
     ] = None,
     clip_prob: Annotated[
-        float, typer.Option("--clip-prob", help="Share of patches clipped+quantised to 8 bits.")
+        float, typer.Option("--clip-prob", metavar="SHARE", help="Share of patches clipped+quantised to 8 bits.")
     ] = TrainConfig.clip_prob,
-    rank: Annotated[int, typer.Option("--rank", help="r0, the maximal rank.")] = ModelConfig.rank,
+    rank: Annotated[int, typer.Option("--rank", metavar="N", help="r0, the maximal rank.")] = ModelConfig.rank,
     sparse_width: Annotated[
-        int, typer.Option("--sparse-width", help="f_thetaS U-Net width at its finest scale.")
+        int, typer.Option("--sparse-width", metavar="N", help="f_thetaS U-Net width at its finest scale.")
     ] = Recipe.sparse_width,
     sparse_blocks: Annotated[
-        int, typer.Option("--sparse-blocks", help="Residual blocks per U-Net scale.")
+        int, typer.Option("--sparse-blocks", metavar="N", help="Residual blocks per U-Net scale.")
     ] = ModelConfig.sparse_blocks,
     sparse_levels: Annotated[
-        int, typer.Option("--sparse-levels", help="U-Net scales (inputs padded to 2**levels).")
+        int, typer.Option("--sparse-levels", metavar="N", help="U-Net scales (inputs padded to 2**levels).")
     ] = ModelConfig.sparse_levels,
     sparse_input: Annotated[
         str | None,
         typer.Option(
             "--sparse-input",
+            metavar="residual|residual+lowrank",
             help="What f_thetaS sees: residual "
             "(Y - AB^T, the paper) or residual+lowrank (also AB^T, "
             "docs/model.md); default residual+lowrank for denoise, "
             "residual for detect.",
         ),
     ] = None,
-    lowrank_width: Annotated[int, typer.Option("--lowrank-width")] = ModelConfig.lowrank_width,
+    lowrank_width: Annotated[
+        int, typer.Option("--lowrank-width", metavar="N", help="Width of the low-rank trunk f_thetaL.")
+    ] = ModelConfig.lowrank_width,
     sigma0: Annotated[
-        float, typer.Option("--sigma0", help="Precision of the supervision likelihood.")
+        float, typer.Option("--sigma0", metavar="PRECISION", help="Precision of the supervision likelihood.")
     ] = LossWeights.sigma0,
     no_bayes: Annotated[bool, typer.Option("--no-bayes", help="Drop l_fid, l_rank, l_sparse (ablation #9).")] = False,
     sigma0_noise_ref: Annotated[
         float,
         typer.Option(
             "--sigma0-noise-ref",
+            metavar="SIGMA",
             help="denoise: scale each patch's sigma0 by "
             "REF/max(sigma, REF/5) (8-bit units), weighting low noise more; "
             "0 = constant sigma0 (the paper).",
         ),
     ] = LossWeights.sigma0_noise_ref,
     time_limit: Annotated[
-        float, typer.Option("--time-limit", help="Stop cleanly after this many seconds (0 = none).")
+        float, typer.Option("--time-limit", metavar="SECONDS", help="Stop cleanly after this many seconds (0 = none).")
     ] = 0,
     time_budget: Annotated[
-        float, typer.Option("--time-budget", help="Total training seconds across resumes; the LR schedule follows it.")
+        float,
+        typer.Option(
+            "--time-budget",
+            metavar="SECONDS",
+            help="Total training seconds across resumes; the LR schedule follows it.",
+        ),
     ] = 0,
-    seed: Annotated[int, typer.Option("--seed")] = TrainConfig.seed,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed of the sampling, the noise and the initialisation.")
+    ] = TrainConfig.seed,
     deterministic: Annotated[
         bool,
         typer.Option(
@@ -105,28 +140,42 @@ def train_cmd(
             "(no --time-budget).",
         ),
     ] = False,
-    device: Annotated[str, typer.Option("--device")] = "auto",
+    device: Annotated[
+        str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (torchrun: each rank's GPU).")
+    ] = "auto",
     init: Annotated[
         str | None,
         typer.Option(
             "--init",
+            metavar="CHECKPOINT",
             help="Start from this checkpoint's weights (fine-tuning; "
             "its model config is used). A bundled name, path or hf:// reference.",
         ),
     ] = None,
-    export: Annotated[Path | None, typer.Option("--export", help="Also copy the checkpoint here.")] = None,
-    log_every: Annotated[int, typer.Option("--log-every")] = TrainConfig.log_every,
-    val_every: Annotated[int, typer.Option("--val-every")] = TrainConfig.val_every,
+    export: Annotated[
+        Path | None, typer.Option("--export", metavar="PATH", help="Also copy the checkpoint here.")
+    ] = None,
+    log_every: Annotated[
+        int, typer.Option("--log-every", metavar="STEPS", help="Steps between lines of log.jsonl.")
+    ] = TrainConfig.log_every,
+    val_every: Annotated[
+        int, typer.Option("--val-every", metavar="STEPS", help="Steps between validations (a multiple of --log-every).")
+    ] = TrainConfig.val_every,
     state_shard_mb: Annotated[
         float,
         typer.Option(
-            "--state-shard-mb", help="Write the resumable state in files of at most this many MB (0 = one file)."
+            "--state-shard-mb",
+            metavar="MB",
+            help="Write the resumable state in files of at most this many MB (0 = one file).",
         ),
     ] = TrainConfig.state_shard_mb,
     ood_samples: Annotated[
-        int, typer.Option("--ood-samples", help="denoise: noisy training crops for the OOD statistics (0 = skip).")
+        int,
+        typer.Option(
+            "--ood-samples", metavar="N", help="denoise: noisy training crops for the OOD statistics (0 = skip)."
+        ),
     ] = Recipe.ood_samples,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train InDeed on clean images with the paper's loss (resumes from --out if state exists)."""
     pyramid = parse_scales(scales) if scales else None

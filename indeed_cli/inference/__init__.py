@@ -4,7 +4,7 @@ Layer 2 of the package: imports :mod:`indeed_cli.model` and :mod:`indeed_cli.io`
 """
 
 from .channels import ChannelAdapter, as_model_channels, training_channels
-from .decomposition import Decomposed, as_image, decompose, denoise, n_tiles, sparse_mean
+from .decomposition import Decomposed, as_image, decompose, denoise, denoise_with_stats, n_tiles, sparse_mean
 from .runtime import InferenceOptions, load_model, network_for, resolve_device
 from .tiling import TileGrid, reflect_index, tiled_apply
 
@@ -17,6 +17,7 @@ __all__ = [
     "as_model_channels",
     "decompose",
     "denoise",
+    "denoise_with_stats",
     "load_model",
     "n_tiles",
     "network_for",

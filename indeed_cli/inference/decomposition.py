@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
-from ..io import LoadedImage, read_image
+from ..io import LoadedImage, image_from_pil, read_image
 from ..model import Checkpoint
 from ..model import posteriors as P
 from .channels import ChannelAdapter
@@ -69,7 +70,8 @@ class Decomposed:
 
 
 def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceOptions) -> Callable:
-    """Per-tile function; ``outputs`` is "denoise" (L + S), "sparse" (mu_S) or "full" (all maps).
+    """Per-tile function; ``outputs`` is "denoise" (L + S), "denoise+stats" (L + S and the per-tile
+    l_rank, l_sparse that the OOD score reads), "sparse" (mu_S) or "full" (all maps).
     Tiles stay fp32 at any precision: the network casts them where its weights are bf16."""
     model, priors = network_for(ckpt, opts.precision, opts.compile), ckpt.config.priors
     adapter = ChannelAdapter(ckpt.config.channels, image_c)
@@ -83,18 +85,20 @@ def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceO
         X = d.L_hat + d.mu_S
         if outputs == "denoise":
             return {"X": from_model(X)}
-        mu_L, sigma_L = P.low_rank_moments(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B)
+        per_px = float(Y[0].numel())
+        B = tiles.shape[0]
         a_g, b_g = P.gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, priors)
         mu_gamma = P.gamma_mean(a_g, b_g)
         mu_omega = P.gamma_mean(*P.omega_posterior(d.mu_S, d.sigma_S, priors))
-        mu_lambda = P.gamma_mean(*P.lambda_posterior(Y - X, priors))
-        per_px = float(Y[0].numel())
-        B = tiles.shape[0]
         stats = {
             "l_rank": P.rank_loss(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, mu_gamma) / per_px,
             "l_sparse": P.sparse_loss(d.mu_S, d.sigma_S, mu_omega) / per_px,
-            "l_fid": P.fidelity_loss(Y, d.L_hat, d.mu_S, mu_lambda) / per_px,
         }
+        if outputs == "denoise+stats":
+            return {"X": from_model(X), **{k: v.reshape(B, -1).mean(1) for k, v in stats.items()}}
+        mu_L, sigma_L = P.low_rank_moments(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B)
+        mu_lambda = P.gamma_mean(*P.lambda_posterior(Y - X, priors))
+        stats["l_fid"] = P.fidelity_loss(Y, d.L_hat, d.mu_S, mu_lambda) / per_px
         stats = {k: v.reshape(B, -1).mean(1) for k, v in stats.items()}  # gray-per-channel -> per tile
         return {
             "L": from_model(mu_L),
@@ -112,16 +116,34 @@ def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceO
 
 
 def as_image(image) -> tuple[np.ndarray, LoadedImage | None]:
+    """An image as float32 (C, h, w) in [0, 1], and the LoadedImage it came from (None for arrays).
+
+    Takes a path, a :class:`LoadedImage`, a PIL image, or an array: (h, w), (C, h, w) or (h, w, C)
+    with C = 1, 3 or 4 (an alpha channel is left out), of floats in [0, 1] or of uint8 / uint16
+    code values (divided by 255 / 65535).  (h, w, C) is recognised by C being last and small.
+    """
     if isinstance(image, (str, Path)):
         loaded = read_image(image)
         return loaded.data, loaded
     if isinstance(image, LoadedImage):
         return image.data, image
-    arr = np.asarray(image, dtype=np.float32)
+    if isinstance(image, Image.Image):
+        loaded = image_from_pil(image)
+        return loaded.data, loaded
+    arr = np.asarray(image)
+    if arr.dtype == np.uint8 or arr.dtype == np.uint16:
+        arr = arr.astype(np.float32) / (255.0 if arr.dtype == np.uint8 else 65535.0)
+    elif arr.dtype.kind != "f":
+        raise ValueError(f"image array must hold floats in [0, 1] or uint8 / uint16 values, not {arr.dtype}")
+    arr = arr.astype(np.float32, copy=False)
     if arr.ndim == 2:
         arr = arr[None]
+    elif arr.ndim == 3 and arr.shape[-1] in (1, 3, 4) and arr.shape[0] not in (1, 3):
+        arr = np.ascontiguousarray(arr.transpose(2, 0, 1))
+    if arr.ndim == 3 and arr.shape[0] in (2, 4):  # gray+alpha or RGBA: the alpha is not denoised
+        arr = arr[:-1]
     if arr.ndim != 3 or arr.shape[0] not in (1, 3):
-        raise ValueError("image array must be (h, w), (1, h, w) or (3, h, w) floats in [0, 1]")
+        raise ValueError(f"image array must be (h, w), (C, h, w) or (h, w, C) with C = 1, 3 or 4; got {arr.shape}")
     return arr, None
 
 
@@ -152,11 +174,25 @@ def n_tiles(h: int, w: int, opts: InferenceOptions) -> int:
     return len(TileGrid(h, w, opts.tile, opts.overlap))
 
 
-def denoise(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
-    """Denoised image L + S (posterior means), float32 (C, h, w) in [0, 1] (not clipped)."""
+def denoise(
+    ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None, clip: bool = True
+) -> np.ndarray:
+    """Denoised image L + S (posterior means), float32 (C, h, w), clipped to [0, 1] unless ``clip``
+    is False (a posterior mean may leave [0, 1] slightly near black and white)."""
     data, _ = as_image(image)
     maps, _ = _run(ckpt, data, "denoise", opts or InferenceOptions(), progress)
-    return maps["X"].numpy()
+    out = maps["X"].numpy()
+    return np.clip(out, 0.0, 1.0, out=out) if clip else out
+
+
+def denoise_with_stats(
+    ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """L + S (not clipped) and the per-tile ELBO terms ``l_rank`` and ``l_sparse`` (tiles_y, tiles_x),
+    the features of the OOD score, for little more than :func:`denoise` costs."""
+    data, _ = as_image(image)
+    maps, grids = _run(ckpt, data, "denoise+stats", opts or InferenceOptions(), progress)
+    return maps["X"].numpy(), {k: v.numpy() for k, v in grids.items()}
 
 
 def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:

@@ -5,12 +5,15 @@ The bottom layer of the package: it imports nothing else from indeed_cli.
 
 from .images import (
     IMAGE_SUFFIXES,
+    JPEG_QUALITY,
+    OUTPUT_SUFFIXES,
     STDIO,
     ImageError,
     LoadedImage,
     atomic_save,
     atomic_write_via,
     check_output_format,
+    image_from_pil,
     is_image_path,
     is_stdio,
     read_image,
@@ -21,12 +24,15 @@ from .masks import load_mask
 
 __all__ = [
     "IMAGE_SUFFIXES",
+    "JPEG_QUALITY",
+    "OUTPUT_SUFFIXES",
     "STDIO",
     "ImageError",
     "LoadedImage",
     "atomic_save",
     "atomic_write_via",
     "check_output_format",
+    "image_from_pil",
     "is_image_path",
     "is_stdio",
     "load_mask",

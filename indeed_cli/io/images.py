@@ -25,6 +25,11 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from . import png16
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".ppm", ".pgm", ".pnm"}
+# formats an output file may be written in, named by its suffix; only PNG and TIFF hold 16 bits
+OUTPUT_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg", ".webp", ".bmp")
+EIGHT_BIT_ONLY = {".jpg", ".jpeg", ".webp", ".bmp"}
+NO_ALPHA = {".jpg", ".jpeg"}
+JPEG_QUALITY = 95  # Pillow's default is 75, visibly blocky on a denoised photo
 Image.MAX_IMAGE_PIXELS = 400_000_000  # 24 MP is normal here; beyond 400 MP ask the user to split
 
 
@@ -129,6 +134,11 @@ def _alpha_at(alpha: np.ndarray, bit_depth: int) -> np.ndarray:
     if bit_depth == 16:
         return alpha.astype(np.uint16) * 257 if alpha.dtype == np.uint8 else alpha.astype(np.uint16)
     return alpha if alpha.dtype == np.uint8 else np.round(alpha / 257.0).astype(np.uint8)
+
+
+def image_from_pil(im: Image.Image, path: Path | str = "<PIL image>") -> LoadedImage:
+    """A PIL image as a :class:`LoadedImage` (the same conversions as reading a file)."""
+    return _from_pil(im, Path(path))
 
 
 def _from_pil(im: Image.Image, path: Path) -> LoadedImage:
@@ -239,17 +249,27 @@ def _require_png(path: str | Path) -> None:
 
 
 def check_output_format(path: str | Path, like: LoadedImage) -> None:
-    """Refuse, before any work, an output file whose format cannot hold ``like`` at its depth
-    (write_image would refuse it only after the image was computed)."""
+    """Refuse, before any work, an output file whose format cannot hold ``like`` as it is: its depth
+    (16-bit images: .png, or .tif for gray without alpha) or its alpha channel (JPEG has none).
+    write_image would refuse such a file only after the image was computed."""
+    suffix = "" if is_stdio(path) else Path(path).suffix.lower()
     if needs_png16(like.channels, like.bit_depth, like.alpha):
         _require_png(path)
+    if like.bit_depth == 16 and suffix in EIGHT_BIT_ONLY:
+        raise ImageError(f"{path}: {suffix} files are 8-bit and this image is 16-bit; write .png or .tif")
+    if like.alpha is not None and suffix in NO_ALPHA:
+        raise ImageError(f"{path}: {suffix} files have no alpha channel and this image has one; write .png or .webp")
 
 
 def write_image(
-    path: str | Path, data: np.ndarray, like: LoadedImage | None = None, bit_depth: int | None = None
+    path: str | Path,
+    data: np.ndarray,
+    like: LoadedImage | None = None,
+    bit_depth: int | None = None,
+    quality: int = JPEG_QUALITY,
 ) -> Path:
-    """Write (C, h, w) [0, 1] data with the depth and alpha of ``like``; ``-`` writes a PNG to
-    standard output."""
+    """Write (C, h, w) [0, 1] data with the depth and alpha of ``like``, in the format the suffix names
+    (``quality`` for JPEG and WebP); ``-`` writes a PNG to standard output."""
     depth = bit_depth or (like.bit_depth if like else 8)
     alpha = like.alpha if like is not None else None
     if alpha is not None and alpha.shape != data.shape[1:]:
@@ -272,7 +292,8 @@ def write_image(
         except OSError as e:  # e.g. the reading end of the pipe went away
             raise ImageError(f"<stdout>: cannot write ({e.strerror or e})") from None
         return Path(path)
-    return atomic_save(image, path)
+    lossy = Path(path).suffix.lower() in (".jpg", ".jpeg", ".webp")
+    return atomic_save(image, path, **({"quality": quality} if lossy else {}))
 
 
 def is_image_path(p: Path) -> bool:

@@ -17,13 +17,14 @@ from .inputs import (
     UsageError,
     check_targets,
     expand_inputs,
+    input_names,
     parse_scales,
     plan_outputs,
     require_folder,
     skip_done,
     stem,
 )
-from .runner import ModelCache, OrderedWriter, Outcome, Product, TileProgress, run_ordered
+from .runner import ModelCache, OrderedWriter, Outcome, Product, Progress, run_ordered
 from .train import train
 
 __all__ = [
@@ -31,7 +32,7 @@ __all__ = [
     "OrderedWriter",
     "Outcome",
     "Product",
-    "TileProgress",
+    "Progress",
     "UsageError",
     "adapt_folder",
     "calibrate_checkpoint",
@@ -42,6 +43,7 @@ __all__ = [
     "evaluate_denoise",
     "evaluate_detect",
     "expand_inputs",
+    "input_names",
     "map_files",
     "noisy_clean_pairs",
     "outputs_for",

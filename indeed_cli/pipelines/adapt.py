@@ -13,10 +13,10 @@ from pathlib import Path
 from ..inference import InferenceOptions, as_model_channels, decompose, denoise
 from ..io import ImageError, read_image, write_image
 from ..model import Checkpoint, save_checkpoint
-from ..tasks.adaptation import AdaptConfig, AdaptResult, adapt, adapt_images, default_group
+from ..tasks.adaptation import AG_STEPS, AdaptConfig, AdaptResult, adapt, adapt_images, default_group
 from .decompose import outputs_for, write_decomposition
-from .inputs import UsageError, check_targets, expand_inputs, require_folder, stem
-from .runner import ModelCache, Outcome, Product, run_ordered
+from .inputs import UsageError, check_targets, expand_inputs, input_names, require_folder
+from .runner import ModelCache, Outcome, Product, Progress, run_ordered
 
 MODES = ("ag", "oag")
 
@@ -35,13 +35,14 @@ def adapt_folder(
     recursive: bool = False,
     force: bool = False,
     on_outcome: Callable[[Outcome], None] | None = None,
-    log: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> list[Outcome]:
-    """Adapt to ``inputs`` and write ``<stem>.png`` (the denoised image) and, unless ``denoised_only``,
+    """Adapt to ``inputs`` and write ``<name>.png`` (the denoised image) and, unless ``denoised_only``,
     the decomposition files of each into the folder ``output``.
 
-    ``save_weights`` (mode "ag"): also write the adapted checkpoint.  ``log`` receives one line
-    about the shared adaptation.  Images that cannot be read are failed Outcomes, reported first.
+    ``save_weights`` (mode "ag"): also write the adapted checkpoint.  ``progress`` hears of the
+    shared adaptation before and after it runs.  Images that cannot be read are failed Outcomes,
+    reported first.
     """
     if mode not in MODES:
         raise UsageError(f"--mode must be ag or oag, got {mode!r}")
@@ -56,11 +57,12 @@ def adapt_folder(
         raise UsageError("--save-weights goes with --mode ag (oag adapts a fresh copy per image)")
     output = Path(output)
     opts = options or InferenceOptions()
+    progress = progress or Progress()
     paths = expand_inputs(inputs, recursive)
     require_folder(output, "--output")
     plans = [
-        {"denoised": output / f"{stem(p)}.png", **({} if denoised_only else outputs_for(output, stem(p), False))}
-        for p in paths
+        {"denoised": output / f"{n}.png", **({} if denoised_only else outputs_for(output, n, False))}
+        for n in input_names(inputs, paths, recursive)
     ]
     extra = [Path(save_weights)] if save_weights else []
     check_targets(paths, [f for plan in plans for f in plan.values()] + extra, force)
@@ -72,7 +74,9 @@ def adapt_folder(
             loaded.append((p, read_image(p), plan))
         except ImageError as e:
             failures.append(Outcome(p, {"image": str(p)}, e))
-    return run_ordered(_steps(loaded, failures, models, mode, cfg, opts, save_weights, denoised_only, log), on_outcome)
+    progress.start(len(paths))
+    steps = _steps(loaded, failures, models, mode, cfg, opts, save_weights, denoised_only, progress)
+    return run_ordered(steps, on_outcome)
 
 
 def _steps(
@@ -84,7 +88,7 @@ def _steps(
     opts: InferenceOptions,
     save_weights,
     denoised_only: bool,
-    log,
+    progress: Progress,
 ) -> Iterator[Product | Outcome]:
     yield from failures
     if not loaded:
@@ -94,12 +98,12 @@ def _steps(
         base = models.get(loaded[0][1].channels)
         t0 = time.perf_counter()
         images = [x for _, img, _ in loaded for x in as_model_channels(img.data, base.config.channels)]
+        progress.note(f"adapting module {cfg.modules} on {len(loaded)} images (at most {cfg.steps or AG_STEPS} steps)")
         shared = adapt(base, images, cfg, opts.tile)
-        if log:
-            log(
-                f"adapted module {cfg.modules} on {len(loaded)} images in {time.perf_counter() - t0:.1f} s "
-                f"(best step {shared.best_step}, stopped: {shared.stop})"
-            )
+        progress.note(
+            f"adapted module {cfg.modules} on {len(loaded)} images in {time.perf_counter() - t0:.1f} s "
+            f"(best step {shared.best_step}, stopped: {shared.stop})"
+        )
         if save_weights:
             ck = shared.checkpoint
             save_checkpoint(save_weights, ck.model, ck.training, ck.extra)

@@ -1,8 +1,9 @@
 """Denoise files and folders: L + S of each image, same size, mode, alpha and bit depth.
 
-With ``ood=True`` each image is decomposed in full and scored for being out of distribution
-(:mod:`indeed_cli.tasks.ood`); with ``auto_adapt=True`` the images flagged so are adapted one by
-one (InDeedOAG, in groups on a GPU) before they are denoised again and written.
+Every image is also scored for being out of distribution (:mod:`indeed_cli.tasks.ood`) when the
+checkpoint carries OOD statistics; the score comes from per-tile terms that the network computes
+anyway.  With ``auto_adapt=True`` the images flagged so are adapted one by one (InDeedOAG, in groups
+on a GPU) before they are denoised again and written.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..inference import InferenceOptions, decompose, denoise, n_tiles
-from ..io import ImageError, check_output_format, read_image, write_image
+from ..inference import InferenceOptions, denoise, denoise_with_stats, n_tiles
+from ..io import JPEG_QUALITY, ImageError, check_output_format, read_image, write_image
 from ..model import Checkpoint, CheckpointError
 from ..tasks.adaptation import AdaptConfig, adapt_images, default_group
 from ..tasks.ood import ood_features, ood_report
-from .inputs import expand_inputs, plan_outputs
-from .runner import ModelCache, Outcome, Product, TileProgress, no_progress, run_ordered
+from .inputs import expand_inputs, input_names, plan_outputs
+from .runner import ModelCache, Outcome, Product, Progress, run_ordered
 
 
 def denoise_folder(
@@ -27,28 +28,34 @@ def denoise_folder(
     weights: str | Path | Checkpoint | None = None,
     device: str = "auto",
     options: InferenceOptions | None = None,
-    ood: bool = False,
     auto_adapt: bool = False,
     ood_threshold: float | None = None,
+    quality: int = JPEG_QUALITY,
     recursive: bool = False,
     force: bool = False,
     skip_existing: bool = False,
     on_outcome: Callable[[Outcome], None] | None = None,
-    progress: TileProgress = no_progress,
+    progress: Progress | None = None,
 ) -> list[Outcome]:
-    """Denoise ``inputs`` (files, folders, globs, ``-``) into ``output`` (a file for one input, else a
-    folder of ``<stem>.png``; ``-``: a PNG on standard output).  Returns one :class:`Outcome` per
-    input: those left out by ``skip_existing`` first, then the others as they finish.
+    """Denoise ``inputs`` (files, folders, globs, ``-``) into ``output``: a file for one input (its
+    suffix says the format; ``quality`` for JPEG and WebP), else a folder of ``<name>.png`` (with
+    ``recursive``, the sub-folders of folder inputs are mirrored); ``-``: a PNG on standard output.
+    Returns one :class:`Outcome` per input: those left out by ``skip_existing`` first, then the
+    others as they finish.  Each record holds the OOD score of the image (``ood`` true when it lies
+    outside the training data) and, when it was adapted, how.
 
     Raises :class:`~indeed_cli.pipelines.UsageError` (bad inputs or outputs, before any work) and
     :class:`~indeed_cli.model.CheckpointError`; an image that cannot be read or written is a failed
     Outcome and the others go on.
     """
     opts = options or InferenceOptions()
+    progress = progress or Progress()
     paths = expand_inputs(inputs, recursive)
-    paths, targets, skipped = plan_outputs(paths, Path(output), ".png", force, skip_existing)
+    names = input_names(inputs, paths, recursive)
+    paths, targets, skipped = plan_outputs(paths, Path(output), ".png", force, skip_existing, names)
     models = ModelCache(weights, device)
-    steps = _steps(paths, targets, models, opts, ood or auto_adapt, auto_adapt, ood_threshold, progress)
+    progress.start(len(paths))
+    steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, quality, progress)
     return run_ordered(steps, on_outcome, skipped)
 
 
@@ -57,10 +64,10 @@ def _steps(
     targets: list[Path],
     models: ModelCache,
     opts: InferenceOptions,
-    need_stats: bool,
     auto_adapt: bool,
     ood_threshold: float | None,
-    progress: TileProgress,
+    quality: int,
+    progress: Progress,
 ) -> Iterator[Product | Outcome]:
     pending: list[dict] = []  # flagged images waiting for one batched OAG
 
@@ -80,7 +87,7 @@ def _steps(
         }
 
         def write() -> None:
-            write_image(item["dst"], out, like=img)
+            write_image(item["dst"], out, like=img, quality=quality)
 
         return Product(item["src"], write, record, out.nbytes)
 
@@ -88,6 +95,7 @@ def _steps(
         """OAG on the flagged images, those sharing a checkpoint adapted together."""
         if not pending:
             return
+        progress.note(f"adapting to {len(pending)} image(s) flagged as out of distribution")
         t0 = time.perf_counter()
         results, _ = adapt_images(
             [(it["ckpt"], it["img"].data) for it in pending], AdaptConfig(precision=opts.precision), opts.tile
@@ -95,7 +103,7 @@ def _steps(
         share = (time.perf_counter() - t0) / len(pending)
         for item, res in zip(pending, results):
             t1 = time.perf_counter()
-            out = denoise(res.checkpoint, item["img"], opts)
+            out = denoise(res.checkpoint, item["img"], opts, clip=False)
             item["seconds"] += share + time.perf_counter() - t1
             yield product(item, out, res)
         pending.clear()
@@ -108,25 +116,26 @@ def _steps(
             yield Outcome(src, {"image": str(src)}, e)
             continue
         ckpt = models.get(img.channels)
-        if auto_adapt and not ckpt.extra.get("ood"):
+        stats = ckpt.extra.get("ood")
+        if auto_adapt and not stats:
             raise CheckpointError(
                 f"automatic adaptation needs OOD statistics, and {ckpt.source} has none "
                 "(add them with `indeed calibrate`)"
             )
+        if stats and ood_threshold is not None:
+            stats = {**stats, "threshold": ood_threshold}
         t0 = time.perf_counter()
-        ood: dict = {}
-        with progress(src.name, n_tiles(*img.size, opts)) as advance:
-            if need_stats:
-                dec = decompose(ckpt, img, opts, progress=advance)
-                stats = ckpt.extra.get("ood")
-                if stats and ood_threshold is not None:
-                    stats = {**stats, "threshold": ood_threshold}
-                ood = ood_report(ood_features(dec), stats)
-                out = dec.maps["L"] + dec.maps["S"]
-            else:
-                out = denoise(ckpt, img, opts, progress=advance)
-        item = {"src": src, "dst": dst, "img": img, "ckpt": ckpt, "ood": ood, "seconds": time.perf_counter() - t0}
-        if auto_adapt and ood["ood"]:
+        with progress.tiles(src.name, n_tiles(*img.size, opts)) as advance:
+            out, tile_stats = denoise_with_stats(ckpt, img, opts, progress=advance)
+        item = {
+            "src": src,
+            "dst": dst,
+            "img": img,
+            "ckpt": ckpt,
+            "ood": ood_report(ood_features(tile_stats), stats),
+            "seconds": time.perf_counter() - t0,
+        }
+        if auto_adapt and item["ood"]["ood"]:
             pending.append(item)  # written once adapted, in groups on a GPU
             if len(pending) >= default_group(models.device):
                 yield from adapt_pending()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -12,8 +13,8 @@ from ..inference import InferenceOptions
 from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via, read_image
 from ..model import Checkpoint
 from ..tasks.detection import detect, detect_tiles, readout_scales, stored_threshold
-from .inputs import UsageError, expand_inputs, require_folder, skip_done, stem
-from .runner import ModelCache, Outcome, Product, TileProgress, no_progress, run_ordered
+from .inputs import UsageError, expand_inputs, input_names, require_folder, skip_done
+from .runner import ModelCache, Outcome, Product, Progress, run_ordered
 
 
 def heat(v: np.ndarray) -> np.ndarray:
@@ -63,7 +64,7 @@ def detect_folder(
     force: bool = False,
     skip_existing: bool = False,
     on_outcome: Callable[[Outcome], None] | None = None,
-    progress: TileProgress = no_progress,
+    progress: Progress | None = None,
 ) -> list[Outcome]:
     """Map anomalies of ``inputs`` into the folder ``maps`` (:func:`map_files` names the files).
 
@@ -73,11 +74,13 @@ def detect_folder(
     """
     maps = Path(maps)
     opts = options or InferenceOptions()
+    progress = progress or Progress()
     paths = expand_inputs(inputs, recursive)
     require_folder(maps, "--maps")
-    plans = [map_files(maps, stem(p)) for p in paths]
+    plans = [map_files(maps, n) for n in input_names(inputs, paths, recursive)]
     paths, plans, skipped = skip_done(paths, plans, skip_existing, force)
     models = ModelCache(weights, device, task="detect")
+    progress.start(len(paths))
 
     def steps() -> Iterator[Product | Outcome]:
         for src, files in zip(paths, plans):
@@ -88,7 +91,8 @@ def detect_folder(
                 if t is None:
                     raise UsageError(f"{ck.source} stores no threshold; pass --threshold")
                 use = scales or readout_scales(ck)
-                with progress(src.name, detect_tiles(ck, *img.size, opts, use)) as advance:
+                t0 = time.perf_counter()
+                with progress.tiles(src.name, detect_tiles(ck, *img.size, opts, use)) as advance:
                     det = detect(ck, img, opts, progress=advance, scales=use)
             except ImageError as e:
                 yield Outcome(src, {"image": str(src)}, e)
@@ -101,6 +105,8 @@ def detect_folder(
                 "threshold": t,
                 "anomalous_fraction": round(float((amap > t).mean()), 6),
                 "maps": {k: str(v) for k, v in files.items()},
+                "weights": ck.source,
+                "seconds": round(time.perf_counter() - t0, 3),
             }
             yield Product(
                 src, lambda a=(img, amap, t, files): write_maps(*a), record, 20 * amap.nbytes

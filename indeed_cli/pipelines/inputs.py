@@ -11,7 +11,7 @@ import glob
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..io import STDIO, is_image_path, is_stdio
+from ..io import OUTPUT_SUFFIXES, STDIO, is_image_path, is_stdio
 
 
 class UsageError(ValueError):
@@ -21,6 +21,23 @@ class UsageError(ValueError):
 def stem(path: Path) -> str:
     """The name outputs are made from: the file's stem, ``stdin`` for standard input."""
     return "stdin" if is_stdio(path) else path.stem
+
+
+def input_names(inputs: Sequence[str | Path], paths: list[Path], recursive: bool = False) -> list[str]:
+    """The name each input's outputs are made from: its :func:`stem`, or with ``recursive``, for an
+    image found in a folder input, its path below that folder without the suffix (``sub/x``), so
+    that the outputs mirror the input tree and ``a/x.png`` and ``b/x.png`` do not collide."""
+    roots = [Path(s).expanduser().resolve() for s in map(str, inputs) if s != STDIO and Path(s).expanduser().is_dir()]
+    names = []
+    for p in paths:
+        name = stem(p)
+        if recursive and not is_stdio(p):
+            rp = p.resolve()
+            inside = [r for r in roots if r in rp.parents]
+            if inside:  # the innermost folder given, if one folder input holds another
+                name = rp.relative_to(max(inside, key=lambda r: len(r.parts))).with_suffix("").as_posix()
+        names.append(name)
+    return names
 
 
 def expand_inputs(inputs: Sequence[str | Path], recursive: bool = False) -> list[Path]:
@@ -56,22 +73,32 @@ def expand_inputs(inputs: Sequence[str | Path], recursive: bool = False) -> list
 
 
 def plan_outputs(
-    inputs: list[Path], output: Path, suffix: str = ".png", force: bool = False, skip_existing: bool = False
+    inputs: list[Path],
+    output: Path,
+    suffix: str = ".png",
+    force: bool = False,
+    skip_existing: bool = False,
+    names: list[str] | None = None,
 ) -> tuple[list[Path], list[Path], list[Path]]:
-    """Where each input's result goes: ``output`` itself for one input with an image suffix,
-    else ``output/<stem><suffix>``.  Refuses input overwrites, stem clashes and (without
-    --force) existing files, before any work is done.  Returns the inputs to process, their
-    targets, and the inputs left out by ``skip_existing``.  ``-o -`` (one input) is standard output."""
+    """Where each input's result goes: ``output`` itself for one input when it names an image file
+    (its suffix says the format: :data:`OUTPUT_SUFFIXES`), else ``output/<name><suffix>``, the names
+    from :func:`input_names` (default: the stems).  Refuses input overwrites, name clashes and
+    (without --force) existing files, before any work is done.  Returns the inputs to process,
+    their targets, and the inputs left out by ``skip_existing``.  ``-o -`` (one input) is standard
+    output."""
     if is_stdio(output):
         if len(inputs) != 1:
             raise UsageError(f"-o - (standard output) takes one input, not {len(inputs)}")
         if skip_existing:
             raise UsageError("--skip-existing cannot check standard output")
         return inputs, [output], []
-    as_file = len(inputs) == 1 and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir()
-    if not as_file and output.suffix.lower() in (".png", ".tif", ".tiff") and not output.is_dir():
+    looks_like_file = is_image_path(output) and not output.is_dir()
+    if looks_like_file and output.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise UsageError(f"{output}: cannot write {output.suffix} files; use one of {', '.join(OUTPUT_SUFFIXES)}")
+    if looks_like_file and len(inputs) != 1:
         raise UsageError(f"{len(inputs)} inputs need an output folder, not the file name {output}")
-    targets = [output] if as_file else [output / f"{stem(p)}{suffix}" for p in inputs]
+    names = names or [stem(p) for p in inputs]
+    targets = [output] if looks_like_file else [output / f"{n}{suffix}" for n in names]
     inputs, plans, skipped = skip_done(inputs, [{"output": t} for t in targets], skip_existing, force)
     return inputs, [plan["output"] for plan in plans], skipped
 
@@ -106,7 +133,7 @@ def check_targets(inputs: list[Path], targets: list[Path], force: bool) -> None:
         if r in ins:
             raise UsageError(f"refusing to overwrite the input {t}; choose another output")
         if r in seen:
-            raise UsageError(f"two inputs would write the same output {t} (same file stem); run them separately")
+            raise UsageError(f"two inputs would write the same output {t} (same file name; -r keeps sub-folders apart)")
         seen[r] = 1
         if t.exists() and not force:
             raise UsageError(f"output exists: {t} (use --force to overwrite)")

@@ -20,12 +20,19 @@ from ..io import ImageError
 from ..model import Checkpoint, CheckpointError, load_checkpoint, resolve_weights
 from .inputs import UsageError
 
-# a per-image progress display: (image name, total tiles) -> context giving an advance(n) callback
-TileProgress = Callable[[str, int], AbstractContextManager[Callable[[int], object]]]
 
+class Progress:
+    """What a folder run tells about its progress; this base class shows nothing (the CLI's shows bars)."""
 
-def no_progress(name: str, total: int) -> AbstractContextManager[Callable[[int], object]]:
-    return nullcontext(lambda n: None)
+    def start(self, total: int) -> None:
+        """The run will process ``total`` images (after those left out by ``skip_existing``)."""
+
+    def tiles(self, name: str, total: int) -> AbstractContextManager[Callable[[int], object]]:
+        """A context around one image's inference, giving a callback that advances by n tiles."""
+        return nullcontext(lambda n: None)
+
+    def note(self, message: str) -> None:
+        """A line about a long step that has no tiles (an adaptation, a calibration)."""
 
 
 @dataclass
@@ -74,18 +81,20 @@ def run_ordered(
                 on_outcome(o)
 
     flush()
-    with OrderedWriter(workers) as writer:
-        for step in steps:
-            if isinstance(step, Outcome):
-                writer.then(lambda o=step: ready.append(o))
-            else:
+    try:
+        with OrderedWriter(workers) as writer:
+            for step in steps:
+                if isinstance(step, Outcome):
+                    writer.then(lambda o=step: ready.append(o))
+                else:
 
-                def done(result, error, p=step) -> None:
-                    ready.append(Outcome(p.source, {**p.record, **(result or {})}, error))
+                    def done(result, error, p=step) -> None:
+                        ready.append(Outcome(p.source, {**p.record, **(result or {})}, error))
 
-                writer.submit(step.write, done, step.nbytes)
-            flush()
-    flush()
+                    writer.submit(step.write, done, step.nbytes)
+                flush()
+    finally:  # also on an interrupt: what was written is reported
+        flush()
     return outcomes
 
 
@@ -98,7 +107,9 @@ class OrderedWriter:
     PNG and zlib encoding release the GIL, so the writes overlap the computation.  Memory stays
     bounded: jobs hold at most ``max_bytes`` of outputs together (a larger one waits for the
     others and runs alone), so one huge image is never held twice.  Every file is still written
-    atomically; on an interrupt, waiting jobs are dropped and running ones finish.
+    atomically; on an interrupt (or any error) waiting jobs are dropped, running ones finish, and
+    the ``done`` of every job whose write completed is still called, so no written file goes
+    unreported.
     """
 
     def __init__(self, workers: int = 2, max_bytes: int = 256 << 20):
@@ -150,6 +161,18 @@ class OrderedWriter:
         finally:
             if self.pool is not None:
                 self.pool.shutdown(wait=True, cancel_futures=True)
+            if exc_type is not None:
+                self._report_completed()
+
+    def _report_completed(self) -> None:
+        """After an interruption: ``done`` for the jobs that ran to the end, in order; none for the
+        jobs that were dropped or stopped by an error other than an ImageError."""
+        for fut, done, _ in self.pending:
+            if fut.cancelled() or (fut.exception() is not None and not isinstance(fut.exception(), ImageError)):
+                continue
+            error = fut.exception()
+            done(None if error else fut.result(), error)
+        self.pending.clear()
 
 
 class ModelCache:

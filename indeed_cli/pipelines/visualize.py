@@ -1,15 +1,19 @@
 """Scaling of decomposition maps for viewing, and the side-by-side panel figure.
 
-Scalings (docs/cli.md):
-  Y, L             as images, clipped to [0, 1]
+Scalings (docs/guide/decompose.md):
+  Y, L, L + S      as images, clipped to [0, 1]
   S, N             signed: 0.5 + x / (2 * p99.5(|x|)), mid-gray = 0
   sigma_L, sigma_S x / p99.5(x), black = 0
   mu_omega, mu_lambda  log10, stretched between the 1st and 99th percentiles,
                    averaged over colour channels (bright = large precision:
                    for mu_omega, "S is zero here"; for mu_lambda, "little noise here")
+The panel puts a scale bar under each map with the values its ends stand for, in the image's
+units (0-255 for 8-bit images; precisions in 1/units²).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -20,62 +24,102 @@ def _pct(x: np.ndarray, q: float) -> float:
     return v if v > 0 else 1e-12
 
 
-def view_signed(x: np.ndarray) -> np.ndarray:
-    return np.clip(0.5 + x / (2 * _pct(np.abs(x), 99.5)), 0, 1)
+@dataclass
+class View:
+    """A map ready to show: (C, h, w) in [0, 1], and what black and white stand for."""
+
+    image: np.ndarray
+    low: str
+    high: str
 
 
-def view_positive(x: np.ndarray) -> np.ndarray:
-    return np.clip(x / _pct(x, 99.5), 0, 1)
+def view_signed(x: np.ndarray, scale: float = 1.0) -> View:
+    a = _pct(np.abs(x), 99.5)
+    return View(np.clip(0.5 + x / (2 * a), 0, 1), f"-{a * scale:.3g}", f"+{a * scale:.3g}")
 
 
-def view_log(x: np.ndarray) -> np.ndarray:
+def view_positive(x: np.ndarray, scale: float = 1.0) -> View:
+    a = _pct(x, 99.5)
+    return View(np.clip(x / a, 0, 1), "0", f"{a * scale:.3g}")
+
+
+def view_log(x: np.ndarray, scale: float = 1.0) -> View:
     lg = np.log10(np.maximum(x, 1e-30)).mean(0, keepdims=True)
     lo, hi = np.percentile(lg, 1), np.percentile(lg, 99)
-    return np.clip((lg - lo) / max(hi - lo, 1e-9), 0, 1)
+    units = 2 * np.log10(scale)  # a precision in 1/units² is the [0, 1] one divided by scale²
+    return View(np.clip((lg - lo) / max(hi - lo, 1e-9), 0, 1), f"1e{lo - units:.1f}", f"1e{hi - units:.1f}")
+
+
+def view_image(x: np.ndarray, scale: float = 1.0) -> View:
+    return View(np.clip(x, 0, 1), "0", f"{scale:g}")
+
+
+def views(maps: dict[str, np.ndarray], scale: float = 1.0) -> dict[str, View]:
+    """Every map of a decomposition ready to show, keyed like the PNG suffixes; ``maps`` in [0, 1]
+    scale with ``N`` included, ``scale`` the image's maximum code value (for the labels)."""
+    return {
+        "L": view_image(maps["L"], scale),
+        "S": view_signed(maps["S"], scale),
+        "N": view_signed(maps["N"], scale),
+        "sigma_L": view_positive(maps["sigma_L"], scale),
+        "sigma_S": view_positive(maps["sigma_S"], scale),
+        "mu_omega": view_log(maps["mu_omega"], scale),
+        "mu_lambda": view_log(maps["mu_lambda"], scale),
+    }
 
 
 def viewable(maps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """(C, h, w) [0,1] arrays ready to save as 8-bit images, keyed like the PNG suffixes."""
-    return {
-        "L": np.clip(maps["L"], 0, 1),
-        "S": view_signed(maps["S"]),
-        "N": view_signed(maps["N"]),
-        "sigma_L": view_positive(maps["sigma_L"]),
-        "sigma_S": view_positive(maps["sigma_S"]),
-        "mu_omega": view_log(maps["mu_omega"]),
-        "mu_lambda": view_log(maps["mu_lambda"]),
-    }
+    return {k: v.image for k, v in views(maps).items()}
 
 
-def panel(Y: np.ndarray, views: dict[str, np.ndarray], title: str = "") -> Image.Image:
-    """One figure: Y, L, S, N, sigma_L, sigma_S, mu_Omega, mu_Lambda side by side with labels."""
-    order = [
-        ("Y", np.clip(Y, 0, 1)),
-        ("L = AB^T", views["L"]),
-        ("S", views["S"]),
-        ("N", views["N"]),
-        ("sigma_L", views["sigma_L"]),
-        ("sigma_S", views["sigma_S"]),
-        ("mu_Omega (log)", views["mu_omega"]),
-        ("mu_Lambda (log)", views["mu_lambda"]),
-    ]
+PANEL_ORDER = (
+    ("Y (input)", "Y"),
+    ("L + S (denoised)", "X"),
+    ("L = AB^T (low rank)", "L"),
+    ("S (sparse)", "S"),
+    ("N (noise)", "N"),
+    ("sigma_L", "sigma_L"),
+    ("sigma_S", "sigma_S"),
+    ("mu_Omega (log10)", "mu_omega"),
+    ("mu_Lambda (log10)", "mu_lambda"),
+)
+
+
+def panel(
+    Y: np.ndarray, X: np.ndarray, maps: dict[str, View], title: str = "", note: str = "", scale: float = 1.0
+) -> Image.Image:
+    """One figure: the input Y, the denoised X = L + S and every map of :func:`views` side by side
+    (5 columns), each with a scale bar giving the values its black and white stand for."""
+    shown = {"Y": view_image(Y, scale), "X": view_image(X, scale), **maps}
     h, w = Y.shape[1:]
-    scale = min(1.0, 320 / max(h, w))
-    th, tw = max(1, round(h * scale)), max(1, round(w * scale))
-    pad, label = 6, 16
-    cols = 4
-    rows = (len(order) + cols - 1) // cols
+    factor = min(1.0, 240 / max(h, w))
+    th, tw = max(1, round(h * factor)), max(1, round(w * factor))
+    pad, label, bar = 6, 14, 16
+    cols = 5
+    rows = (len(PANEL_ORDER) + cols - 1) // cols
     top = 20 if title else 0
-    fig = Image.new("RGB", (cols * (tw + pad) + pad, top + rows * (th + label + pad) + pad), "white")
+    cell_h = label + th + bar + pad
+    fig = Image.new("RGB", (cols * (tw + pad) + pad, top + rows * cell_h + pad), "white")
     draw = ImageDraw.Draw(fig)
     if title:
         draw.text((pad, 4), title, fill="black")
-    for i, (name, arr) in enumerate(order):
-        a = np.round(np.clip(arr, 0, 1) * 255).astype(np.uint8)
+    ramp = np.repeat(np.linspace(0, 255, tw, dtype=np.float32)[None], 5, 0).astype(np.uint8)
+    for i, (name, key) in enumerate(PANEL_ORDER):
+        view = shown[key]
+        a = np.round(np.clip(view.image, 0, 1) * 255).astype(np.uint8)
         a = np.repeat(a, 3, 0) if a.shape[0] == 1 else a
         tile = Image.fromarray(a.transpose(1, 2, 0), "RGB").resize((tw, th), Image.BILINEAR)
         x = pad + (i % cols) * (tw + pad)
-        y = top + pad + (i // cols) * (th + label + pad)
+        y = top + pad + (i // cols) * cell_h
         draw.text((x, y), name, fill="black")
         fig.paste(tile, (x, y + label))
+        fig.paste(Image.fromarray(ramp, "L").convert("RGB"), (x, y + label + th + 1))
+        draw.text((x, y + label + th + 6), view.low, fill="black")
+        right = draw.textlength(view.high) if hasattr(draw, "textlength") else 6 * len(view.high)
+        draw.text((x + tw - right, y + label + th + 6), view.high, fill="black")
+    if note:  # the last, empty cell
+        i = len(PANEL_ORDER)
+        x, y = pad + (i % cols) * (tw + pad), top + pad + (i // cols) * cell_h
+        draw.multiline_text((x, y + label), note, fill="black", spacing=3)
     return fig

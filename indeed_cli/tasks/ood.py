@@ -32,9 +32,11 @@ DEFAULT_K = 5
 DEFAULT_QUANTILE = 0.99
 
 
-def ood_features(dec) -> np.ndarray:
-    """(n_tiles, 2) array of (l_rank, l_sparse) per tile of a :class:`Decomposed`."""
-    return np.stack([np.asarray(dec.tiles[k], dtype=np.float64).ravel() for k in FEATURES], 1)
+def ood_features(tiles) -> np.ndarray:
+    """(n_tiles, 2) array of (l_rank, l_sparse) per tile: from a :class:`Decomposed` or from the
+    per-tile statistics of :func:`indeed_cli.inference.denoise_with_stats`."""
+    tiles = getattr(tiles, "tiles", tiles)
+    return np.stack([np.asarray(tiles[k], dtype=np.float64).ravel() for k in FEATURES], 1)
 
 
 def _knn_distance(z: np.ndarray, points: np.ndarray, k: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "indeed_cli"
-LAYERS = {"io": 0, "metrics": 0, "model": 1, "inference": 2, "tasks": 3, "pipelines": 4, "cli": 5}
+LAYERS = {"version": 0, "io": 0, "metrics": 0, "model": 1, "inference": 2, "tasks": 3, "pipelines": 4, "cli": 5}
 
 
 def module_name(path: Path) -> str:
