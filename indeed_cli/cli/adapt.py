@@ -13,7 +13,7 @@ from .options import INFERENCE, RunOptions, shared_options
 from .runner import Reporter
 
 
-@shared_options(*INFERENCE, "json_out", "force", "quiet", "recursive")
+@shared_options(*INFERENCE, "json_out", "force", "quiet", "recursive", precision="auto")
 def adapt_cmd(
     inputs: Annotated[
         list[str], typer.Argument(metavar="IMAGE", help="Out-of-distribution images: files, folders or globs.")

@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail("interrupted", EXIT_INTERRUPTED, debug)
     except Exception as e:  # click usage errors and anything unexpected
         kind = _kind(e)
-        if kind == "exit":
+        if kind == "exit" and e.exit_code != EXIT_INTERRUPTED:
             sys.exit(e.exit_code)
-        if kind == "abort":
+        if kind in ("abort", "exit"):  # Ctrl-C: click raises Abort, Typer 0.26+ a silent Exit(130)
             _fail("interrupted", EXIT_INTERRUPTED, debug)
         if kind in ("usage", "click") and not debug:
             e.show()  # click's own message: the usage line, a hint and the error
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run(args: list[str]) -> None:
     rc = app(args, prog_name="indeed", standalone_mode=False)  # the code of typer.Exit, in this mode
+    if rc == EXIT_INTERRUPTED:  # Typer 0.26+ turns Ctrl-C into a silent Exit(130): say so
+        raise KeyboardInterrupt
     if isinstance(rc, int) and rc:
         sys.exit(rc)
 

@@ -35,7 +35,7 @@ def calibrate_cmd(
     samples: Annotated[
         int, typer.Option("--samples", metavar="N", min=8, help="denoise: noisy training images to measure.")
     ] = 256,
-    seed: Annotated[int, typer.Option("--seed", metavar="N")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the noisy crops that are measured.")] = 0,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,

@@ -3,39 +3,42 @@
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from ..model import list_checkpoints
-from .options import Json
 
 
-def models_cmd(json_out: Json = False) -> None:
-    """List bundled checkpoints and indeed checkpoints in the Hugging Face cache."""
+def models_cmd(
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON line per checkpoint, with its path and training facts.")
+    ] = False,
+) -> None:
+    """List bundled checkpoints and indeed checkpoints in the Hugging Face cache; NAME is what --weights takes."""
     rows = list_checkpoints()
     if json_out:
         for r in rows:
             typer.echo(json.dumps(r))
         return
-    table = Table("name", "origin", "task", "channels", "rank", "steps", "val PSNR s25", "threshold", "MB", "path")
+    table = Table("name (--weights)", "task", "ch", "steps", "PSNR s25", "threshold", "MB", box=box.SIMPLE_HEAD)
     for r in rows:
         t = r.get("training", {})
         val = t.get("validation", {}).get("psnr_s25")
         table.add_row(
             r["name"],
-            r["origin"],
             str(r.get("task", r.get("error", "?"))),
             str(r.get("channels", "")),
-            str(r.get("rank", "")),
             str(t.get("total_steps", t.get("steps", ""))),
             f"{val:.2f}" if val else "",
             _threshold(r),
-            str(r["size_mb"]),
-            r["path"],
+            f"{r['size_mb']:.1f}",
         )
     Console().print(table)
+    typer.echo("Paths and training facts: indeed models --json", err=True)
 
 
 def _threshold(row: dict) -> str:

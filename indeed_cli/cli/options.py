@@ -33,8 +33,9 @@ Precision = Annotated[
     str,
     typer.Option(
         "--precision",
-        metavar="fp32|bf16",
-        help="fp32, or bf16 (GPUs; CPUs with AMX or AVX512-BF16): a bf16 copy of the network.",
+        metavar="fp32|bf16|auto",
+        help="fp32, bf16 (a bf16 copy of the network; fast on GPUs and CPUs with AMX or AVX512-BF16), "
+        "or auto: bf16 where the hardware has it, fp32 elsewhere.",
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON line per image on stdout.")]

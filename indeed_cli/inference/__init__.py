@@ -5,7 +5,7 @@ Layer 2 of the package: imports :mod:`indeed_cli.model` and :mod:`indeed_cli.io`
 
 from .channels import ChannelAdapter, as_model_channels, training_channels
 from .decomposition import Decomposed, as_image, decompose, denoise, denoise_with_stats, n_tiles, sparse_mean
-from .runtime import InferenceOptions, load_model, network_for, resolve_device
+from .runtime import InferenceOptions, load_model, native_bf16, network_for, resolve_device, resolve_precision
 from .tiling import TileGrid, reflect_index, tiled_apply
 
 __all__ = [
@@ -20,9 +20,11 @@ __all__ = [
     "denoise_with_stats",
     "load_model",
     "n_tiles",
+    "native_bf16",
     "network_for",
     "reflect_index",
     "resolve_device",
+    "resolve_precision",
     "sparse_mean",
     "tiled_apply",
     "training_channels",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -9,7 +10,35 @@ from torch import nn
 
 from ..model import Checkpoint, load_checkpoint, resolve_weights
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "auto")
+
+
+def native_bf16(device: torch.device, cpu_flags: str | None = None) -> bool:
+    """Whether ``device`` computes bf16 natively: a CUDA GPU that supports it, or a CPU with AMX or
+    AVX512-BF16 (``cpu_flags``: the flags line of /proc/cpuinfo, read when not given).  Elsewhere
+    bf16 is emulated: OAG in bf16 ran several times slower than fp32 on a 2-core AVX2 CPU."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    flags = _cpu_flags() if cpu_flags is None else cpu_flags
+    return any(flag in flags.split() for flag in ("amx_bf16", "avx512_bf16"))
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:  # not Linux: assume no native bf16
+        return ""
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` becomes bf16 where the device computes it natively, fp32 elsewhere."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be fp32, bf16 or auto, got {precision!r}")
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -38,7 +67,7 @@ class InferenceOptions:
     tile: int = 128
     overlap: int = 32
     batch: int | None = None  # tiles per forward pass; default 8 on a CPU, 256 on a GPU (docs/results.md)
-    precision: str = "fp32"  # fp32, or bf16: a bf16 copy of the network (network_for)
+    precision: str = "fp32"  # fp32, bf16 (a bf16 copy of the network: network_for), or auto (resolve_precision)
     compile: bool = False  # torch.compile the network: tens of seconds once, faster on many images
 
     def check(self, multiple: int = 8) -> None:
@@ -48,7 +77,7 @@ class InferenceOptions:
         if not 0 <= self.overlap < self.tile:
             raise ValueError(f"--overlap ({self.overlap}) must be smaller than --tile ({self.tile})")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"--precision must be fp32 or bf16, got {self.precision!r}")
+            raise ValueError(f"--precision must be fp32, bf16 or auto, got {self.precision!r}")
         if self.batch is not None and self.batch < 1:
             raise ValueError(f"--batch must be at least 1, got {self.batch}")
 
@@ -66,9 +95,8 @@ def network_for(ckpt: Checkpoint, precision: str = "fp32", compile: bool = False
     counter).  ``compile`` wraps the chosen network in ``torch.compile`` (fixed tile shapes: one
     compilation per batch size), once per network.  Derived networks live in ``ckpt.runtime``.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
     net = ckpt.model
+    precision = resolve_precision(precision, next(net.parameters()).device)
     params = list(net.parameters())
     if precision == "bf16" and params and params[0].dtype != torch.bfloat16:
         key = tuple((p.data_ptr(), p._version) for p in params)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -104,17 +105,29 @@ def read_image(path: str | Path) -> LoadedImage:
                 im = ImageOps.exif_transpose(im)
     except UnidentifiedImageError:
         raise ImageError(f"{name}: not an image file (or an unsupported format)") from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        raise ImageError(_too_large(name, int(found.group(1)) if found else None)) from None
+    except (OSError, SyntaxError, ValueError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ImageError(f"{name}: corrupt or truncated image ({msg})") from None
     return _from_pil(im, path)
+
+
+def _too_large(name: str, pixels: int | None, size: str = "") -> str:
+    """The message for an image whose header claims more pixels than are read at once."""
+    what = f"{size} = {pixels / 1e6:,.0f} megapixels" if size else f"{pixels / 1e6:,.0f} megapixels" if pixels else "it"
+    return (
+        f"{name}: too large to read: {what}, more than the {Image.MAX_IMAGE_PIXELS / 1e6:,.0f} megapixels "
+        "read at once; split it into parts (if the file is really this large)"
+    )
 
 
 def _read_png16(data: bytes, name: str, path: Path) -> LoadedImage:
     """A 16-bit RGB, RGBA or gray+alpha PNG at full depth (Pillow would read it as 8 bits)."""
     w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     if w * h > Image.MAX_IMAGE_PIXELS:
-        raise ImageError(f"{name}: corrupt or truncated image ({w}x{h} pixels is more than {Image.MAX_IMAGE_PIXELS:,})")
+        raise ImageError(_too_large(name, w * h, f"{w}x{h}"))
     try:
         pixels = png16.decode(data)
     except png16.PNGUnsupported as e:

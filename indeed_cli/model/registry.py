@@ -10,13 +10,18 @@ Resolution order of a ``--weights`` value (docs/checkpoints.md):
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .checkpoint import CheckpointError, read_metadata
 
 BUNDLED = {1: "indeed-denoise-gray.safetensors", 3: "indeed-denoise-color.safetensors"}
 BUNDLED_DETECT = "indeed-detect-magnetic-tile.safetensors"  # gray; runs per channel on colour images
+# the name `indeed models` shows for each bundled file: the shortest one --weights takes
+SHORT_NAMES = {BUNDLED[1]: "gray", BUNDLED[3]: "color", BUNDLED_DETECT: "magnetic-tile"}
 BUNDLED_NAMES = {
     "gray": BUNDLED[1],
     "grey": BUNDLED[1],
@@ -52,21 +57,48 @@ def parse_hub_ref(ref: str) -> tuple[str, str, str | None]:
 
 
 def download_from_hub(ref: str) -> Path:
-    """Fetch a Hub checkpoint through huggingface_hub's cache; one-line errors."""
+    """Fetch a Hub checkpoint through huggingface_hub's cache; one-line errors.
+
+    The cache is tried first, without the network.  When the file is not cached, the Hub's host is
+    probed once (a few seconds at most) before downloading: without a network, huggingface_hub
+    would retry five times with back-off, printing a warning each time, for about 25 s.
+    """
     repo_id, filename, revision = parse_hub_ref(ref)
     # imported here, not at the top: it adds 0.2 s to every start of the command
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
+        return Path(hf_hub_download(repo_id=repo_id, filename=filename, revision=revision, local_files_only=True))
+    except Exception:  # not cached (or a revision that must be looked up): go to the Hub
+        pass
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline:
+        raise CheckpointError(f"{ref}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+    if not _reachable(constants.ENDPOINT):
+        raise CheckpointError(f"{ref}: not in the local Hugging Face cache and {constants.ENDPOINT} cannot be reached")
+    quiet = logging.getLogger("huggingface_hub")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its retry warnings: the error below says what happened
+    try:
         return Path(hf_hub_download(repo_id=repo_id, filename=filename, revision=revision))
     except LocalEntryNotFoundError:
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-        why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
-        raise CheckpointError(f"{ref}: not in the local Hugging Face cache and {why}") from None
+        raise CheckpointError(f"{ref}: not in the local Hugging Face cache and the Hub could not be reached") from None
     except Exception as e:  # network, auth, missing repo/file: all become one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{ref}: download failed ({type(e).__name__}: {first[:160]})") from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the endpoint's host opens within ``timeout`` seconds."""
+    url = urlsplit(endpoint)
+    try:
+        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
+            return True
+    except OSError:
+        return False
 
 
 def resolve_weights(spec: str | None, channels: int | None = None, task: str = "denoise") -> Path:
@@ -83,14 +115,15 @@ def resolve_weights(spec: str | None, channels: int | None = None, task: str = "
     if spec in BUNDLED_NAMES:
         return wdir / BUNDLED_NAMES[spec]
     bundled = wdir / f"{spec}.safetensors"
-    if "/" not in spec and bundled.is_file():
+    if "/" not in spec and not spec.endswith(".safetensors") and bundled.is_file():
         return bundled
     path = Path(spec).expanduser()
     if path.is_file():
         return path
+    names = ", ".join(sorted(set(SHORT_NAMES.values())))
     raise CheckpointError(
-        f"weights not found: {spec!r} (tried: a file path, {bundled}, "
-        f"bundled names {sorted(set(BUNDLED_NAMES))}, hf://owner/repo/file)"
+        f"weights not found: {spec!r} is neither a file nor a bundled name ({names}); "
+        "a Hub checkpoint is hf://owner/repo/file.safetensors"
     )
 
 
@@ -98,7 +131,7 @@ def list_checkpoints(include_cache: bool = True) -> list[dict]:
     """Bundled checkpoints and indeed checkpoints in the Hugging Face cache, with metadata."""
     rows = []
     for p in sorted(weights_dir().glob("*.safetensors")):
-        rows.append(_describe(p, "bundled", p.stem))
+        rows.append(_describe(p, "bundled", SHORT_NAMES.get(p.name, p.stem)))
     if include_cache:
         try:
             from huggingface_hub import scan_cache_dir  # 0.2 s of imports, only for listing

@@ -24,17 +24,21 @@ def calibrate_checkpoint(
     samples: int = 256,
     seed: int = 0,
     note: dict | None = None,
+    max_seconds: float | None = None,
+    progress=None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
     Returns (task, key, facts): key "detect" (threshold from normal images) or "ood"
-    (statistics from ``samples`` noisy training images).  ``note`` is merged into the facts.
+    (statistics from ``samples`` noisy training images, fewer when ``max_seconds`` runs out;
+    ``progress(n)`` hears of each).  ``note`` is merged into the facts.
     """
     ck = load_checkpoint(src, resolve_device(device))
     if ck.config.task == "detect":
         key, facts = "detect", calibrate(ck, paths)
     else:
-        key, facts = "ood", calibrate_ood(ck, load_images(paths, ck.config.channels), samples, seed)
+        images = load_images(paths, ck.config.channels)
+        key, facts = "ood", calibrate_ood(ck, images, samples, seed, max_seconds, progress)
     facts = {**facts, **(note or {})}
     save_checkpoint(output, ck.model, ck.training, {**ck.extra, key: facts})
     return ck.config.task, key, facts

@@ -13,7 +13,7 @@ from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via, read_im
 from ..model import Checkpoint
 from ..tasks.ood import ood_features, ood_report
 from .inputs import UsageError, expand_inputs, input_names, require_folder, skip_done
-from .runner import ModelCache, Outcome, Product, Progress, run_ordered
+from .runner import ModelCache, Outcome, Product, Progress, note_large_image, run_ordered
 from .visualize import panel, views
 
 PNG_MAPS = ("L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S")
@@ -122,6 +122,7 @@ def decompose_folder(
             try:
                 img = read_image(src)
                 ckpt = models.get(img.channels)
+                note_large_image(progress, src.name, *img.size, img.channels, n_tiles(*img.size, opts))
                 with progress.tiles(src.name, n_tiles(*img.size, opts)) as advance:
                     dec = decompose(ckpt, img, opts, progress=advance)
             except ImageError as e:

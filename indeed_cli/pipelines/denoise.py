@@ -18,7 +18,7 @@ from ..model import Checkpoint, CheckpointError
 from ..tasks.adaptation import AdaptConfig, adapt_images, default_group
 from ..tasks.ood import ood_features, ood_report
 from .inputs import expand_inputs, input_names, plan_outputs
-from .runner import ModelCache, Outcome, Product, Progress, run_ordered
+from .runner import ModelCache, Outcome, Product, Progress, note_large_image, run_ordered
 
 
 def denoise_folder(
@@ -125,6 +125,7 @@ def _steps(
         if stats and ood_threshold is not None:
             stats = {**stats, "threshold": ood_threshold}
         t0 = time.perf_counter()
+        note_large_image(progress, src.name, *img.size, img.channels, n_tiles(*img.size, opts))
         with progress.tiles(src.name, n_tiles(*img.size, opts)) as advance:
             out, tile_stats = denoise_with_stats(ckpt, img, opts, progress=advance)
         item = {

@@ -14,7 +14,7 @@ from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via, read_im
 from ..model import Checkpoint
 from ..tasks.detection import detect, detect_tiles, readout_scales, stored_threshold
 from .inputs import UsageError, expand_inputs, input_names, require_folder, skip_done
-from .runner import ModelCache, Outcome, Product, Progress, run_ordered
+from .runner import ModelCache, Outcome, Product, Progress, note_large_image, run_ordered
 
 
 def heat(v: np.ndarray) -> np.ndarray:
@@ -92,7 +92,9 @@ def detect_folder(
                     raise UsageError(f"{ck.source} stores no threshold; pass --threshold")
                 use = scales or readout_scales(ck)
                 t0 = time.perf_counter()
-                with progress.tiles(src.name, detect_tiles(ck, *img.size, opts, use)) as advance:
+                tiles = detect_tiles(ck, *img.size, opts, use)
+                note_large_image(progress, src.name, *img.size, img.channels, tiles)
+                with progress.tiles(src.name, tiles) as advance:
                     det = detect(ck, img, opts, progress=advance, scales=use)
             except ImageError as e:
                 yield Outcome(src, {"image": str(src)}, e)

@@ -8,6 +8,7 @@ image is computed and turns every step into an :class:`Outcome`, in the order th
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +34,24 @@ class Progress:
 
     def note(self, message: str) -> None:
         """A line about a long step that has no tiles (an adaptation, a calibration)."""
+
+
+LARGE_IMAGE = 50e6  # pixels: above this a run says what an image will cost before it starts
+
+
+def note_large_image(progress: Progress, name: str, h: int, w: int, channels: int, tiles: int) -> None:
+    """Tell, before it starts, what a very large image costs: its tiles and the memory it needs
+    (about (20 C + 10) bytes a pixel: a 24-megapixel colour image peaked at 1.43 GB, a gray one at
+    0.77 GB), and whether that is more than the memory now free."""
+    if h * w < LARGE_IMAGE:
+        return
+    need = (20 * channels + 10) * h * w / 1e9
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (ValueError, OSError, AttributeError):  # not every system reports it
+        free = None
+    short = f", more than the {free:.1f} GB free now" if free is not None and need > free else ""
+    progress.note(f"{name} is {h * w / 1e6:,.0f} megapixels: {tiles:,} tiles and about {need:.1f} GB of memory{short}")
 
 
 @dataclass

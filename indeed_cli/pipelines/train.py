@@ -10,9 +10,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from tqdm import tqdm
+
 from ..model import CheckpointError, ModelConfig, read_metadata, resolve_weights
 from ..tasks.detection import PRESETS
-from ..tasks.training import detect_batch_fn, image_pyramid, list_images, load_images, recipe, run_training
+from ..tasks.training import (
+    detect_batch_fn,
+    has_state,
+    image_pyramid,
+    list_images,
+    load_images,
+    read_state_metadata,
+    recipe,
+    run_training,
+)
 from .calibrate import calibrate_checkpoint
 from .inputs import UsageError
 
@@ -81,6 +92,11 @@ def train(
                 f"{channels}-channel {task} one"
             )
         tc = rc.train_config(**{**settings, "init": init})
+    model_path = out / "model.safetensors"
+    done = _already_done(out, tc, model_path)
+    if done is not None:
+        log(done["message"])
+        return done["record"]
     log(f"training on {len(paths)} images, validating on {len(val_paths)}")
     facts: dict = {"task": task, "data": [str(d) for d in data], "n_train": len(paths), "n_val": len(val_paths)}
     make_batch = None
@@ -120,11 +136,51 @@ def train(
     if rec.get("rank", 0) != 0:  # other torchrun ranks: rank 0 calibrates and reports
         return rec
     samples = rc.ood_samples if ood_samples is None else ood_samples
-    model_path = out / "model.safetensors"
     if task == "detect" or samples:
-        # detect: threshold from the held-out normal images; denoise: OOD statistics of the training data
-        _, key, cal = calibrate_checkpoint(
-            model_path, model_path, val_paths if task == "detect" else paths, device, samples
-        )
+        # detect: threshold from the held-out normal images; denoise: OOD statistics of the training
+        # data, in at most a tenth of a time budget (a CPU takes seconds per sample)
+        seconds = max(CALIBRATION_MIN_SECONDS, 0.1 * tc.time_budget) if tc.time_budget else None
+        with tqdm(total=samples, desc="OOD statistics", unit="crop", disable=None if progress else True,
+                  leave=False) as bar:  # fmt: skip
+            _, key, cal = calibrate_checkpoint(model_path, model_path, val_paths if task == "detect" else paths,
+                                               device, samples, max_seconds=seconds, progress=bar.update)  # fmt: skip
         log(f"{key} threshold {cal['threshold']:.4g} stored in {model_path}")
+    warning = barely_trained(task, rec)
+    if warning:
+        log(warning)
     return {**rec, "model": str(model_path)}
+
+
+CALIBRATION_MIN_SECONDS = 15.0
+# a denoiser whose validation PSNR at sigma = 25 is not this far above its noisy input's has hardly learned
+BARELY_GAIN_DB, NOISY_PSNR_S25 = 5.0, 20.17
+BARELY_STEPS = 1000
+
+
+def barely_trained(task: str, record: dict) -> str:
+    """A warning when a run ended with a model that has hardly learned anything (empty otherwise)."""
+    steps, psnr = record.get("step", 0), record.get("psnr_s25")
+    if task == "denoise" and psnr is not None:
+        if psnr >= NOISY_PSNR_S25 + BARELY_GAIN_DB:
+            return ""
+        why = f"validation PSNR {psnr:.1f} dB at sigma 25, where its noisy input has {NOISY_PSNR_S25:.1f} dB"
+    elif steps < BARELY_STEPS:
+        why = f"{steps} training steps"
+    else:
+        return ""
+    return (f"warning: this model is barely trained ({why}); it was saved, but train longer "
+            "(--time-budget) or on a GPU before using it")  # fmt: skip
+
+
+def _already_done(out: Path, tc, model_path: Path) -> dict | None:
+    """When the run in ``out`` has already used its steps or time budget and exported its model:
+    what to say and return instead of validating and calibrating again for no new step."""
+    if not has_state(out) or not model_path.exists():
+        return None
+    meta = read_state_metadata(out)
+    if meta["step"] < tc.steps and not (tc.time_budget and meta["elapsed"] >= tc.time_budget):
+        return None
+    budget = f", {meta['elapsed']:.0f} s of a {tc.time_budget:g} s budget" if tc.time_budget else ""
+    message = (f"nothing to do: {out} is trained ({meta['step']} steps{budget}); the model is {model_path} "
+               "(a larger --time-budget or --steps continues it)")  # fmt: skip
+    return {"message": message, "record": {"step": meta["step"], "stop": "done before", "model": str(model_path)}}

@@ -21,15 +21,19 @@ that a number:
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
-from ..inference import decompose
+from ..inference import denoise_with_stats
 from .training.noise import add_noise
 
 FEATURES = ("l_rank", "l_sparse")
 DEFAULT_K = 5
 DEFAULT_QUANTILE = 0.99
+MIN_SAMPLES = 16  # noisy training crops a time-bounded calibration measures at least
 
 
 def ood_features(tiles) -> np.ndarray:
@@ -108,30 +112,39 @@ def training_features(
     crop: int = 512,
     seed: int = 0,
     opts=None,
+    max_seconds: float | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> list[np.ndarray]:
     """Tile features of ``n`` noisy training images, for :func:`fit_ood`.
 
     ``images`` are uint8 (C, h, w) tensors as :func:`indeed_cli.tasks.training.load_images` gives;
     each sample is a random ``crop`` x ``crop`` crop (the whole image when smaller) with
     AWGN sigma ~ U(0, sigma_max], clipped to 8 bits with probability ``clip_prob``, exactly
-    the noise of :func:`indeed_cli.tasks.training.add_noise`.
+    the noise of :func:`indeed_cli.tasks.training.add_noise`.  ``max_seconds`` ends the sampling
+    early (after at least :data:`MIN_SAMPLES`): a CPU takes seconds per sample.
     """
     gen = torch.Generator().manual_seed(seed)
-    out = []
+    out: list[np.ndarray] = []
+    t0 = time.perf_counter()
     for _ in range(n):
+        if max_seconds is not None and len(out) >= MIN_SAMPLES and time.perf_counter() - t0 > max_seconds:
+            break
         im = images[int(torch.randint(len(images), (1,), generator=gen))]
         h, w = im.shape[1:]
         y0 = int(torch.randint(max(1, h - crop + 1), (1,), generator=gen))
         x0 = int(torch.randint(max(1, w - crop + 1), (1,), generator=gen))
         clean = im[None, :, y0 : y0 + crop, x0 : x0 + crop].float() / 255.0
         noisy, _ = add_noise(clean, sigma_max, clip_prob, gen)
-        out.append(ood_features(decompose(ckpt, noisy[0].numpy(), opts)))
+        out.append(ood_features(denoise_with_stats(ckpt, noisy[0].numpy(), opts)[1]))
+        if progress is not None:
+            progress(1)
     return out
 
 
-def calibrate_ood(ckpt, images, n: int = 256, seed: int = 0) -> dict:
+def calibrate_ood(ckpt, images, n: int = 256, seed: int = 0, max_seconds: float | None = None, progress=None) -> dict:
     """OOD statistics for ``ckpt["extra"]["ood"]`` from clean training images (uint8 tensors),
-    under the noise the checkpoint was trained with (its metadata's sigma_max, clip_prob)."""
+    under the noise the checkpoint was trained with (its metadata's sigma_max, clip_prob); at
+    most ``n`` samples, fewer when ``max_seconds`` runs out (``n`` in the result says how many)."""
     t = ckpt.training
     feats = training_features(
         ckpt,
@@ -140,5 +153,7 @@ def calibrate_ood(ckpt, images, n: int = 256, seed: int = 0) -> dict:
         sigma_max=float(t.get("sigma_max", 75.0)),
         clip_prob=float(t.get("clip_prob", 0.5)),
         seed=seed,
+        max_seconds=max_seconds,
+        progress=progress,
     )
     return {**fit_ood(feats), "seed": seed}

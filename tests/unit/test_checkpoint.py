@@ -1,6 +1,7 @@
 """Checkpoint round-trip, refusal of corrupt or mismatched files, --weights resolution."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,9 +85,11 @@ def test_resolution_order(tmp_path, monkeypatch):
     assert R.resolve_weights(None, 1) == gray and R.resolve_weights("default", 3) == color
     assert R.resolve_weights("gray") == gray and R.resolve_weights("indeed-denoise-color") == color
     assert R.resolve_weights(str(color)) == color
-    with pytest.raises(C.CheckpointError, match="tried"):
+    with pytest.raises(C.CheckpointError, match="neither a file nor a bundled name"):
         R.resolve_weights("nope")
-    assert {r["name"] for r in R.list_checkpoints(include_cache=False)} == {gray.stem, color.stem}
+    rows = R.list_checkpoints(include_cache=False)
+    assert {r["name"] for r in rows} == {"gray", "color"}  # the names --weights takes
+    assert all(R.resolve_weights(r["name"]) == Path(r["path"]) for r in rows)
 
 
 def test_bundled_weights_load():
@@ -95,3 +98,28 @@ def test_bundled_weights_load():
         ck = C.load_checkpoint(R.resolve_weights(None, c))
         assert ck.config.channels == c and ck.config.task == "denoise"
         assert ck.training.get("steps", 0) > 0
+
+
+def test_missing_weights_message_names_what_was_given(tmp_path):
+    with pytest.raises(C.CheckpointError) as e:
+        R.resolve_weights(str(tmp_path / "nothere.safetensors"))
+    assert "nothere.safetensors'" in str(e.value) and ".safetensors.safetensors" not in str(e.value)
+    assert "color" in str(e.value) and "hf://" in str(e.value)
+
+
+def test_unreachable_hub_fails_fast_in_one_line(tmp_path, monkeypatch, capfd):
+    """Without a network, huggingface_hub would retry five times over ~25 s, a warning each time."""
+    import time
+
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False, raising=False)
+    monkeypatch.setattr(hc, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: connection refused
+    t0 = time.perf_counter()
+    with pytest.raises(C.CheckpointError, match="cannot be reached"):
+        R.resolve_weights("hf://someone/somerepo/m.safetensors")
+    assert time.perf_counter() - t0 < 5
+    out, err = capfd.readouterr()
+    assert "Retrying" not in out + err

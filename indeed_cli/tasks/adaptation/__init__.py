@@ -1,7 +1,7 @@
 """Active generalization (paper §3.5): InDeedAG and InDeedOAG fine-tune one module of the network
 on out-of-distribution images with the unsupervised part of the ELBO."""
 
-from .config import AG_LR, AG_STEPS, OAG_LR, OAG_STEPS, AdaptConfig, AdaptResult, default_group
+from .config import AG_LR, AG_STEPS, OAG_LR, OAG_STEPS, AdaptConfig, AdaptResult, default_group, default_precision
 from .objective import adaptation_objective, lowrank_factors
 from .runner import adapt, adapt_each, adapt_images, tiles_of
 from .stopping import EarlyStopping
@@ -19,6 +19,7 @@ __all__ = [
     "adapt_images",
     "adaptation_objective",
     "default_group",
+    "default_precision",
     "lowrank_factors",
     "tiles_of",
 ]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...inference import native_bf16
 from ...model import Checkpoint
 
 # Learning rates measured for the shipped colour model (docs/reports/2026-11-26-adaptation.md): one
@@ -33,7 +34,11 @@ class AdaptConfig:
     max_change: float = 2.5  # RMS change of L + S on the evaluation tiles, 8-bit units
     collapse_ratio: float = 0.2
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
-    precision: str = "fp32"  # "bf16": the network runs under bf16 autocast, the objective in fp32
+    # "bf16": the network runs in bf16, the objective in fp32; "auto" (default_precision, what
+    # `indeed adapt` uses): bf16 where the hardware computes it natively (a CPU with AMX: OAG 2.4x
+    # faster; H100 groups: 0.065 s against 0.083 s per image, +0.1 dB), fp32 elsewhere (a 2-core AVX2
+    # CPU ran bf16 several times slower)
+    precision: str = "fp32"
     sample: bool = True  # reparameterised A, B, S in the steps (the paper's Monte-Carlo ELBO)
     group: int | None = None  # adaptations run at once (adapt_each); None: 32 on a GPU, 1 on a CPU
     seed: int = 0
@@ -41,8 +46,8 @@ class AdaptConfig:
     def check(self) -> None:
         if self.noise_precision not in ("image", "pixel"):
             raise ValueError(f"noise_precision must be image or pixel, got {self.noise_precision!r}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.precision not in ("fp32", "bf16", "auto"):
+            raise ValueError(f"precision must be fp32, bf16 or auto, got {self.precision!r}")
         if self.group is not None and self.group < 1:
             raise ValueError(f"group must be at least 1, got {self.group}")
 
@@ -53,6 +58,11 @@ class AdaptResult:
     history: list[dict] = field(default_factory=list)
     best_step: int = 0
     stop: str = "steps"
+
+
+def default_precision(device: torch.device, cpu_flags: str | None = None) -> str:
+    """What ``precision="auto"`` adapts in on ``device``: bf16 where it is native, fp32 elsewhere."""
+    return "bf16" if native_bf16(device, cpu_flags) else "fp32"
 
 
 def default_group(device: torch.device) -> int:

@@ -24,7 +24,7 @@ from torch.func import vmap
 
 from ...inference import TileGrid, as_model_channels
 from ...model import Checkpoint
-from .config import AG_LR, AG_STEPS, OAG_LR, OAG_STEPS, AdaptConfig, AdaptResult, default_group
+from .config import AG_LR, AG_STEPS, OAG_LR, OAG_STEPS, AdaptConfig, AdaptResult, default_group, default_precision
 from .objective import adaptation_objective, lowrank_factors, take
 from .stopping import EarlyStopping
 
@@ -74,6 +74,8 @@ def adapt_each(
     if cfg.steps is None:
         cfg = replace(cfg, steps=OAG_STEPS)
     device = next(ckpt.model.parameters()).device
+    if cfg.precision == "auto":
+        cfg = replace(cfg, precision=default_precision(device))
     model = ckpt.model.detached_copy()
     model.requires_grad_(False)
     trainable = {id(p) for m in model.modules_for(cfg.modules) for p in m.parameters()}

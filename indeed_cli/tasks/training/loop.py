@@ -150,7 +150,7 @@ def _train(
     record: dict = {"step": step}
     bar = None
     if progress and rank == 0:
-        bar = tqdm(total=tc.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+        bar = _progress_bar(tc, step, elapsed0)
     model.train()
     stop_reason = "steps"
     while step < tc.steps:
@@ -191,7 +191,9 @@ def _train(
             running[k] = running.get(k, 0.0) + v
         running["n"] = running.get("n", 0) + 1
         if bar is not None:
-            bar.update(1)
+            bar.update(1 if bar.unit == "step" else round(elapsed0 + time.time() - t0 - bar.n, 1))
+            if bar.unit == "s":
+                bar.set_description(f"train, step {step}", refresh=False)
         if rank == 0 and step % tc.log_every == 0:
             n = running.pop("n")
             record = {
@@ -228,6 +230,18 @@ def _train(
 
 
 STOP_REASONS = ("", "time limit", "time budget")
+
+
+def _progress_bar(tc: TrainConfig, step: int, elapsed0: float) -> tqdm:
+    """A bar over the steps, or over the seconds when a time budget or limit will end the run first:
+    its ETA then follows the clock, not a step count the run will never reach."""
+    ends = [tc.time_budget] if tc.time_budget else []
+    if tc.time_limit:
+        ends.append(elapsed0 + tc.time_limit)
+    if ends:
+        fmt = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]"
+        return tqdm(total=round(min(ends), 1), initial=round(elapsed0, 1), desc="train", unit="s", bar_format=fmt)
+    return tqdm(total=tc.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
 
 
 def _max_over_ranks(code: int, dev: torch.device) -> int:

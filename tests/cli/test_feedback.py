@@ -1,0 +1,271 @@
+"""The command line tells the user what happened: progress and summaries, warnings where work was
+done quietly, Ctrl-C, output formats, sub-folders, readable `models`, honest messages."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import tiny_model, write_png
+from PIL import Image
+
+from indeed_cli.model import load_checkpoint, save_checkpoint
+
+
+@pytest.fixture
+def folder(tmp_path, rng):
+    d = tmp_path / "in"
+    d.mkdir()
+    for n in ("a", "b", "c"):
+        write_png(d / f"{n}.png", rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    return d
+
+
+def flagging(ckpt_path, tmp_path, threshold: float):
+    """A copy of a checkpoint with OOD statistics whose threshold flags every image (-1) or none."""
+    ck = load_checkpoint(ckpt_path)
+    ood = {"features": ["l_rank", "l_sparse"], "mean": [0, 0], "std": [1, 1], "points": [[0, 0]], "k": 1}
+    return save_checkpoint(tmp_path / f"ood{threshold}.safetensors", ck.model, ck.training,
+                           {"ood": {**ood, "threshold": threshold}})  # fmt: skip
+
+
+def test_folder_run_ends_with_a_summary_and_one_file_names_its_output(run_cli, folder, tmp_path, ckpt_paths):
+    code, _, err = run_cli("denoise", folder, "-o", tmp_path / "out", "-w", ckpt_paths[3])
+    assert code == 0 and "3 of 3 images done in" in err
+    code, _, err = run_cli("denoise", folder / "a.png", "-o", tmp_path / "one.png", "-w", ckpt_paths[3])
+    assert code == 0 and f"wrote {tmp_path / 'one.png'} in" in err
+    code, _, err = run_cli("decompose", folder, "-o", tmp_path / "dec", "-w", ckpt_paths[3])
+    assert code == 0 and "3 of 3 images done" in err
+    code, _, err = run_cli("denoise", folder, "-o", tmp_path / "q", "-w", ckpt_paths[3], "-q")
+    assert code == 0 and err == ""  # -q: nothing
+
+
+def test_adapt_says_what_it_is_doing(run_cli, folder, tmp_path, ckpt_paths):
+    code, _, err = run_cli("adapt", folder, "-o", tmp_path / "ag", "-w", ckpt_paths[3], "--steps", "2",
+                           "--denoised-only")  # fmt: skip
+    assert code == 0, err
+    assert "adapting module S on 3 images" in err and "adapted module S on 3 images" in err
+    assert "3 of 3 images done" in err
+
+
+def test_out_of_distribution_images_get_one_warning_line(run_cli, folder, tmp_path, ckpt_paths):
+    w = flagging(ckpt_paths[3], tmp_path, -1.0)
+    code, out, err = run_cli("denoise", folder, "-o", tmp_path / "o", "-w", w, "--json")
+    assert code == 0
+    warnings = [line for line in err.splitlines() if "unlike the training images" in line]
+    assert len(warnings) == 1 and "3 of 3 images" in warnings[0] and "--auto-adapt" in warnings[0]
+    assert all(json.loads(line)["ood"] is True for line in out.splitlines())  # the JSON is as before
+    code, _, err = run_cli("denoise", folder / "a.png", "-o", tmp_path / "a.png", "-w", w)
+    assert "a.png looks unlike the training images" in err and "indeed adapt" in err
+    code, _, err = run_cli("denoise", folder, "-o", tmp_path / "n", "-w", flagging(ckpt_paths[3], tmp_path, 1e9))
+    assert code == 0 and "unlike the training images" not in err
+    code, _, err = run_cli("denoise", folder, "-o", tmp_path / "aa", "-w", w, "--auto-adapt")
+    assert code == 0 and "unlike the training images" not in err  # adapted: nothing left to say
+
+
+def test_detect_says_when_it_flags_nothing(run_cli, tmp_path, rng):
+    det = save_checkpoint(
+        tmp_path / "det.safetensors", tiny_model(1, task="detect"), {}, {"detect": {"threshold": 1e9}}
+    )
+    a = write_png(tmp_path / "t.png", rng.integers(0, 256, (37, 50), dtype=np.uint8))
+    code, out, err = run_cli("detect", a, "--maps", tmp_path / "maps", "-w", det, "--json")
+    assert code == 0 and "0 of 1 images flagged" in err and "highest score" in err and "--threshold" in err
+    record = json.loads(out)
+    assert record["weights"] == str(det) and record["seconds"] >= 0  # JSON says which model and how long
+
+
+def test_training_warns_about_a_barely_trained_model_and_reruns_do_nothing(run_cli, folder, tmp_path):
+    args = ["train", "--data", folder, "--out", tmp_path / "run", "--rank", "4", "--sparse-width", "8",
+            "--lowrank-width", "8", "--patch", "32", "--batch", "2", "--steps", "3", "--val-count", "1",
+            "--ood-samples", "16", "-q"]  # fmt: skip
+    code, _, err = run_cli(*args)
+    assert code == 0 and "barely trained" in err and "saved" in err
+    model = tmp_path / "run" / "model.safetensors"
+    before = model.stat().st_mtime_ns
+    code, _, err = run_cli(*args)
+    assert code == 0 and "nothing to do" in err and model.stat().st_mtime_ns == before
+
+
+def test_training_bar_follows_the_time_budget():
+    from indeed_cli.tasks.training import TrainConfig
+    from indeed_cli.tasks.training.loop import _progress_bar
+
+    bar = _progress_bar(TrainConfig(steps=20000, time_budget=60), step=0, elapsed0=0.0)
+    assert bar.unit == "s" and bar.total == 60
+    bar = _progress_bar(TrainConfig(steps=20000, time_budget=600, time_limit=50), step=10, elapsed0=100.0)
+    assert bar.total == 150 and bar.n == 100
+    assert _progress_bar(TrainConfig(steps=20), step=3, elapsed0=0.0).unit == "step"
+
+
+def test_time_bounded_calibration_stops_early():
+    import torch
+
+    from indeed_cli.model import Checkpoint
+    from indeed_cli.tasks.ood import MIN_SAMPLES, calibrate_ood
+
+    m = tiny_model(3)
+    images = [torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8) for _ in range(3)]
+    stats = calibrate_ood(Checkpoint(m, m.cfg), images, n=200, max_seconds=0.0)
+    assert stats["n"] == MIN_SAMPLES
+
+
+@pytest.mark.slow  # a real process and a real SIGINT
+def test_ctrl_c_reports_what_was_written(tmp_path, rng):
+    """SIGINT in the middle of a folder run: exit 130, one line on stderr, and every file that was
+    written has its JSON line (the bundled colour model makes each image take a while)."""
+    d = tmp_path / "in"
+    d.mkdir()
+    for i in range(8):
+        write_png(d / f"{i}.png", rng.integers(0, 256, (256, 256, 3), dtype=np.uint8))
+    proc = subprocess.Popen([sys.executable, "-m", "indeed_cli", "denoise", d, "-o", tmp_path / "out", "--json",
+                             "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    first = proc.stdout.readline()  # the first image is written
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    lines = [json.loads(x) for x in (first + rest).splitlines()]
+    written = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    assert 1 <= len(written) < 8 and sorted(os.path.basename(x["output"]) for x in lines) == written
+    assert not list((tmp_path / "out").glob(".*tmp*"))  # no partial files
+
+
+def test_output_file_format_follows_its_suffix(run_cli, folder, tmp_path, ckpt_paths, rng):
+    w = ckpt_paths[3]
+    code, _, err = run_cli("denoise", folder / "a.png", "-o", tmp_path / "out.jpg", "-w", w, "-q")
+    assert code == 0 and (tmp_path / "out.jpg").is_file() and Image.open(tmp_path / "out.jpg").format == "JPEG"
+    code, _, _ = run_cli("denoise", folder / "a.png", "-o", tmp_path / "low.jpg", "-w", w, "-q", "--quality", "20")
+    assert (tmp_path / "low.jpg").stat().st_size < (tmp_path / "out.jpg").stat().st_size
+    code, _, _ = run_cli("denoise", folder / "a.png", "-o", tmp_path / "out.webp", "-w", w, "-q")
+    assert code == 0 and Image.open(tmp_path / "out.webp").format == "WEBP"
+    code, _, err = run_cli("denoise", folder, "-o", tmp_path / "many.jpg", "-w", w)
+    assert code == 2 and "need an output folder" in err and not (tmp_path / "many.jpg").exists()
+    rgba = write_png(tmp_path / "rgba.png", rng.integers(0, 256, (20, 24, 4), dtype=np.uint8), "RGBA")
+    code, _, err = run_cli("denoise", rgba, "-o", tmp_path / "rgba.jpg", "-w", w)
+    assert code == 1 and "no alpha channel" in err and not (tmp_path / "rgba.jpg").exists()
+    g16 = tmp_path / "g16.png"
+    Image.fromarray(rng.integers(0, 65536, (20, 24), dtype=np.uint16)).save(g16)
+    code, _, err = run_cli("denoise", g16, "-o", tmp_path / "g16.jpg", "-w", ckpt_paths[1])
+    assert code == 1 and "8-bit" in err and len(err.strip().splitlines()) == 1
+
+
+def test_recursive_runs_mirror_the_input_tree(run_cli, tmp_path, rng, ckpt_paths):
+    for sub in ("a", "b/c"):
+        (tmp_path / "in" / sub).mkdir(parents=True)
+        write_png(tmp_path / "in" / sub / "x.png", rng.integers(0, 256, (30, 32, 3), dtype=np.uint8))
+    code, _, err = run_cli("denoise", tmp_path / "in", "-r", "-o", tmp_path / "out", "-w", ckpt_paths[3], "-q")
+    assert code == 0, err
+    assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.png")) == [
+        "a/x.png", "b/c/x.png"]  # fmt: skip
+    code, _, err = run_cli("decompose", tmp_path / "in", "-r", "-o", tmp_path / "dec", "-w", ckpt_paths[3], "-q")
+    assert code == 0 and (tmp_path / "dec" / "b" / "c" / "x.npz").exists()
+    code, _, err = run_cli("denoise", tmp_path / "in" / "a" / "x.png", tmp_path / "in" / "b" / "c" / "x.png",
+                           "-o", tmp_path / "flat", "-w", ckpt_paths[3])  # fmt: skip
+    assert code == 2 and "same output" in err  # files named one by one still collide
+
+
+def test_models_fits_80_columns_and_lists_names_weights_takes():
+    r = subprocess.run([sys.executable, "-m", "indeed_cli", "models"], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "80"})  # fmt: skip
+    assert r.returncode == 0 and max(len(line) for line in r.stdout.splitlines()) <= 80
+    for name in ("color", "gray", "magnetic-tile"):
+        assert f" {name} " in r.stdout
+    r = subprocess.run([sys.executable, "-m", "indeed_cli", "models", "-h"], capture_output=True, text=True)
+    assert "per checkpoint" in r.stdout and "per image" not in r.stdout
+
+
+def test_every_option_of_every_command_explains_itself():
+    import typer.main
+
+    from indeed_cli.cli.app import app
+
+    group = typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        for p in cmd.params:
+            if p.opts[0].startswith("-"):
+                assert p.help, f"indeed {name} {p.opts[0]} has no help text"
+
+
+def test_python_denoise_clips_and_takes_arrays_and_pil_images(ckpt_paths, rng):
+    from indeed_cli import denoise
+
+    ck = load_checkpoint(ckpt_paths[3])
+    hwc = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    out = denoise(ck, hwc)
+    assert out.shape == (3, 40, 48) and out.min() >= 0 and out.max() <= 1
+    chw = hwc.transpose(2, 0, 1).astype(np.float32) / 255
+    np.testing.assert_array_equal(denoise(ck, Image.fromarray(hwc)), out)
+    np.testing.assert_array_equal(denoise(ck, chw), out)
+    raw = denoise(ck, chw, clip=False)
+    np.testing.assert_array_equal(np.clip(raw, 0, 1), out)
+    with pytest.raises(ValueError):
+        denoise(ck, np.zeros((5, 40, 48), np.float32))
+
+
+def test_very_large_images_are_announced_and_absurd_headers_named():
+    from indeed_cli.pipelines.runner import Progress, note_large_image
+
+    class Notes(Progress):
+        said: list = []
+
+        def note(self, message):
+            self.said.append(message)
+
+    notes = Notes()
+    note_large_image(notes, "small.png", 4000, 6000, 3, 2000)
+    note_large_image(notes, "big.png", 20000, 20000, 3, 43000)
+    assert len(notes.said) == 1 and "400 megapixels" in notes.said[0] and "GB of memory" in notes.said[0]
+
+
+def test_a_header_claiming_ten_gigapixels_is_not_called_corrupt(tmp_path):
+    import struct
+    import zlib
+
+    from indeed_cli.io import ImageError, read_image
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    for depth in (8, 16):
+        path = tmp_path / f"huge{depth}.png"
+        header = struct.pack(">IIBBBBB", 100000, 100000, depth, 2, 0, 0, 0)
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+        with pytest.raises(ImageError, match="too large to read: .*10,000 megapixels"):
+            read_image(path)
+
+
+def test_decompose_npz_can_be_smaller_and_panel_shows_the_denoised_image(run_cli, folder, tmp_path, ckpt_paths):
+    code, _, _ = run_cli("decompose", folder / "a.png", "-o", tmp_path / "f32", "-w", ckpt_paths[3], "-q", "--panel")
+    code16, _, _ = run_cli("decompose", folder / "a.png", "-o", tmp_path / "f16", "-w", ckpt_paths[3], "-q",
+                           "--npz-precision", "float16", "--npz-compress")  # fmt: skip
+    assert code == code16 == 0
+    z = np.load(tmp_path / "f16" / "a.npz")
+    assert z["L"].dtype == np.float16
+    np.testing.assert_allclose(z["L"].astype(np.float32) + z["S"] + z["N"], z["Y"], atol=0.5)  # float16 rounding
+    assert (tmp_path / "f16" / "a.npz").stat().st_size < (tmp_path / "f32" / "a.npz").stat().st_size / 2
+    width = Image.open(tmp_path / "f32" / "a_panel.png").size[0]
+    assert width > 5 * 48  # five maps a row: Y, L + S, L, S, N
+    from indeed_cli.pipelines.visualize import view_signed
+
+    v = view_signed(np.array([[[-0.1, 0.0, 0.2]]], np.float32), scale=255.0)
+    assert v.low.startswith("-") and v.high.startswith("+") and float(v.high) > 40  # in 8-bit units
+
+
+def test_adaptation_precision_default_follows_the_hardware():
+    import torch
+
+    from indeed_cli.tasks.adaptation import default_precision
+
+    assert default_precision(torch.device("cpu")) in ("fp32", "bf16")
+    assert default_precision(torch.device("cpu"), cpu_flags="flags : avx2 fma") == "fp32"
+    assert default_precision(torch.device("cpu"), cpu_flags="flags : avx512f avx512_bf16 amx_bf16") == "bf16"
+
+
+def test_time_is_reported_in_seconds_not_hidden(run_cli, folder, tmp_path, ckpt_paths):
+    t0 = time.perf_counter()
+    code, out, _ = run_cli("denoise", folder, "-o", tmp_path / "o", "-w", ckpt_paths[3], "--json", "-q")
+    total = sum(json.loads(line)["seconds"] for line in out.splitlines())
+    assert code == 0 and 0 < total <= time.perf_counter() - t0
