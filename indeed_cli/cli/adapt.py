@@ -9,11 +9,11 @@ import typer
 
 from ..pipelines import adapt_folder
 from ..tasks.adaptation import AdaptConfig
-from .options import INFERENCE, RunOptions, shared_options
+from .options import FOLDER, INFERENCE, RunOptions, shared_options
 from .runner import Reporter
 
 
-@shared_options(*INFERENCE, "json_out", "force", "quiet", "recursive", precision="auto")
+@shared_options(*INFERENCE, *FOLDER, precision="auto")
 def adapt_cmd(
     inputs: Annotated[
         list[str], typer.Argument(metavar="IMAGE", help="Out-of-distribution images: files, folders or globs.")

@@ -19,6 +19,7 @@ from .decompose import decompose_cmd
 from .denoise import denoise_cmd
 from .detect import detect_cmd
 from .evaluate import evaluate_cmd
+from .export import export_cmd
 from .models import models_cmd
 from .runner import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, EXIT_WEIGHTS, CLIError
 from .train import train_cmd
@@ -57,6 +58,7 @@ app.command("adapt")(adapt_cmd)
 app.command("train")(train_cmd)
 app.command("evaluate")(evaluate_cmd)
 app.command("calibrate")(calibrate_cmd)
+app.command("export")(export_cmd)
 app.command("models")(models_cmd)
 
 

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from ..inference import InferenceOptions
+from ..pipelines import parse_shard, shard_from_env
 from .runner import CLIError, Reporter
 
 Weights = Annotated[
@@ -49,6 +50,15 @@ SkipExisting = Annotated[
         help="Leave out inputs whose outputs all exist (resumes an interrupted folder run); not with --force.",
     ),
 ]
+Shard = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="K/N",
+        help="Process every N-th input from the K-th (K from 0), one of N processes sharing a folder; "
+        "default: the rank under torchrun or the task of a SLURM job array.",
+    ),
+]
 Compile = Annotated[
     bool,
     typer.Option(
@@ -85,6 +95,11 @@ class RunOptions:
     recursive: bool = False
     compile_net: bool = False
     skip_existing: bool = False
+    shard: str | None = None
+
+    def shard_of_run(self) -> tuple[int, int] | None:
+        """--shard, else the shard a launcher (torchrun, a SLURM array) gave this process."""
+        return parse_shard(self.shard) if self.shard else shard_from_env()
 
     def inference(self) -> InferenceOptions:
         return inference_options(self.tile, self.overlap, self.batch, self.precision, self.compile_net)
@@ -92,8 +107,10 @@ class RunOptions:
     def folder_run(self, report: Reporter, skip_existing: bool = True) -> dict:
         """Keyword arguments of a folder pipeline (indeed_cli.pipelines) that these options set;
         ``report`` hears of the progress and of every outcome."""
-        kw = {"weights": self.weights, "device": self.device, "options": self.inference(),
-              "recursive": self.recursive, "force": self.force, "on_outcome": report, "progress": report}  # fmt: skip
+        shard = self.shard_of_run()
+        report.shard = shard
+        kw = {"weights": self.weights, "device": self.device, "options": self.inference(), "recursive": self.recursive,
+              "force": self.force, "on_outcome": report, "progress": report, "shard": shard}  # fmt: skip
         if skip_existing:
             kw["skip_existing"] = self.skip_existing
         return kw
@@ -104,9 +121,11 @@ SHARED = {  # name -> (annotation, default), in the order --help lists them
     "batch": (Batch, None), "precision": (Precision, "fp32"), "json_out": (Json, False), "force": (Force, False),
     "quiet": (Quiet, False), "recursive": (Recursive, False), "compile_net": (Compile, False),
     "skip_existing": (SkipExisting, False),
+    "shard": (Shard, None),
 }  # fmt: skip
 ALL_SHARED = tuple(SHARED)
 INFERENCE = ("weights", "device", "tile", "overlap", "batch", "precision")
+FOLDER = ("json_out", "force", "quiet", "recursive", "shard")  # what adapt shares with the other folder commands
 
 
 def shared_options(*names: str, **defaults) -> Callable:

@@ -4,6 +4,7 @@ and the exit code.  Every image command hands its pipeline's Outcomes to one :cl
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -60,15 +61,19 @@ class Reporter(Progress):
         self.outcomes: list[Outcome] = []
         self.bar: tqdm | None = None
         self.t0 = time.perf_counter()
+        self.shard: tuple[int, int] | None = None  # set when the run is one shard of several
 
     # Progress: the pipeline's hooks
     def start(self, total: int) -> None:
+        if self.shard is not None and os.environ.get("WORLD_SIZE"):  # ranks share a terminal: lines only
+            return
         if not self.quiet and total > 1:  # disable=None: only on a terminal
             self.bar = tqdm(total=total, desc="images", unit="image", file=sys.stderr, disable=None, dynamic_ncols=True)
 
     @contextmanager
     def tiles(self, name: str, total: int):
-        with tqdm(total=total, desc=name, unit="tile", disable=True if self.quiet else None, leave=False,
+        hidden = self.quiet or (self.shard is not None and bool(os.environ.get("WORLD_SIZE")))
+        with tqdm(total=total, desc=name, unit="tile", disable=True if hidden else None, leave=False,
                   position=1 if self.bar is not None else 0, file=sys.stderr, dynamic_ncols=True) as t:  # fmt: skip
             yield t.update
 
@@ -78,7 +83,8 @@ class Reporter(Progress):
 
     def say(self, message: str) -> None:
         """One line on stderr, above the bars when there are some."""
-        line = f"indeed: {message}"
+        where = f"shard {self.shard[0]}/{self.shard[1]}: " if self.shard is not None else ""
+        line = f"indeed: {where}{message}"
         if self.bar is not None and not self.bar.disable:
             self.bar.write(line, file=sys.stderr)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -42,9 +43,13 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` (a CUDA GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``; ValueError otherwise."""
+    """``auto`` (a CUDA GPU when there is one: under torchrun, the one of the process's local rank),
+    ``cpu``, ``cuda`` or ``cuda:N``; ValueError otherwise."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        local = int(os.environ.get("LOCAL_RANK", "0"))  # torchrun: one GPU per process
+        return torch.device(f"cuda:{local % torch.cuda.device_count()}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA GPU is available")
     if device not in ("cpu",) and not device.startswith("cuda"):

@@ -13,16 +13,20 @@ from .decompose import decompose_folder, outputs_for, write_decomposition
 from .denoise import denoise_folder
 from .detect import detect_folder, map_files, write_maps
 from .evaluate import evaluate_denoise, evaluate_detect, noisy_clean_pairs
+from .export import export_onnx
 from .inputs import (
     UsageError,
     check_targets,
     expand_inputs,
     input_names,
     parse_scales,
+    parse_shard,
     plan_outputs,
     require_folder,
+    shard_from_env,
     skip_done,
     stem,
+    take_shard,
 )
 from .runner import ModelCache, OrderedWriter, Outcome, Product, Progress, run_ordered
 from .train import train
@@ -42,12 +46,16 @@ __all__ = [
     "detect_folder",
     "evaluate_denoise",
     "evaluate_detect",
+    "export_onnx",
     "expand_inputs",
     "input_names",
     "map_files",
     "noisy_clean_pairs",
     "outputs_for",
     "parse_scales",
+    "parse_shard",
+    "shard_from_env",
+    "take_shard",
     "plan_outputs",
     "require_folder",
     "run_ordered",

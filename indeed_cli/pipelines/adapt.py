@@ -6,16 +6,20 @@ groups that run as one batched network (:mod:`indeed_cli.tasks.adaptation`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+
+import torch.distributed as tdist
 
 from ..inference import InferenceOptions, as_model_channels, decompose, denoise
 from ..io import ImageError, read_image, write_image
 from ..model import Checkpoint, save_checkpoint
 from ..tasks.adaptation import AG_STEPS, AdaptConfig, AdaptResult, adapt, adapt_images, default_group
 from .decompose import outputs_for, write_decomposition
-from .inputs import UsageError, check_targets, expand_inputs, input_names, require_folder
+from .inputs import UsageError, check_targets, expand_inputs, input_names, require_folder, take_shard
 from .runner import ModelCache, Outcome, Product, Progress, run_ordered
 
 MODES = ("ag", "oag")
@@ -36,13 +40,18 @@ def adapt_folder(
     force: bool = False,
     on_outcome: Callable[[Outcome], None] | None = None,
     progress: Progress | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> list[Outcome]:
     """Adapt to ``inputs`` and write ``<name>.png`` (the denoised image) and, unless ``denoised_only``,
     the decomposition files of each into the folder ``output``.
 
     ``save_weights`` (mode "ag"): also write the adapted checkpoint.  ``progress`` hears of the
     shared adaptation before and after it runs.  Images that cannot be read are failed Outcomes,
-    reported first.
+    reported first.  ``shard`` (K, N): write the outputs of every N-th input from the K-th; mode
+    "oag" adapts only those, mode "ag" still adapts on all inputs: under torchrun (a process group
+    of N ranks) each rank computes its part of every batch and the gradients are averaged, as in
+    training; otherwise each shard runs the whole adaptation, so that all shards write exactly
+    what one run would.
     """
     if mode not in MODES:
         raise UsageError(f"--mode must be ag or oag, got {mode!r}")
@@ -58,29 +67,37 @@ def adapt_folder(
     output = Path(output)
     opts = options or InferenceOptions()
     progress = progress or Progress()
-    paths = expand_inputs(inputs, recursive)
+    every = expand_inputs(inputs, recursive)
     require_folder(output, "--output")
     plans = [
         {"denoised": output / f"{n}.png", **({} if denoised_only else outputs_for(output, n, False))}
-        for n in input_names(inputs, paths, recursive)
+        for n in input_names(inputs, every, recursive)
     ]
+    first = shard is None or shard[0] == 0  # the shard that writes --save-weights
     extra = [Path(save_weights)] if save_weights else []
-    check_targets(paths, [f for plan in plans for f in plan.values()] + extra, force)
+    check_targets([], [f for plan in plans for f in plan.values()] + extra, force=True)  # no two inputs clash
+    mine, _ = take_shard(list(range(len(every))), shard)
+    check_targets(every, [f for i in mine for f in plans[i].values()] + (extra if first else []), force)
     models = ModelCache(weights, device)
 
-    loaded, failures = [], []
-    for p, plan in zip(paths, plans):
+    readable, failures = {}, []
+    for i in range(len(every)) if mode == "ag" else mine:  # ag adapts on every input, oag on its shard's
         try:
-            loaded.append((p, read_image(p), plan))
+            readable[i] = read_image(every[i])
         except ImageError as e:
-            failures.append(Outcome(p, {"image": str(p)}, e))
-    progress.start(len(paths))
-    steps = _steps(loaded, failures, models, mode, cfg, opts, save_weights, denoised_only, progress)
-    return run_ordered(steps, on_outcome)
+            if i in mine:
+                failures.append(Outcome(every[i], {"image": str(every[i])}, e))
+    pool = [readable[i] for i in sorted(readable)]
+    todo = [(every[i], readable[i], plans[i]) for i in mine if i in readable]
+    progress.start(len(mine))
+    steps = _steps(pool, todo, failures, models, mode, cfg, opts, save_weights if first else None, denoised_only,
+                   progress)  # fmt: skip
+    return run_ordered(steps, on_outcome, shard=shard, inputs=every)
 
 
 def _steps(
-    loaded: list,
+    pool: list,
+    todo: list,
     failures: list[Outcome],
     models: ModelCache,
     mode: str,
@@ -90,29 +107,32 @@ def _steps(
     denoised_only: bool,
     progress: Progress,
 ) -> Iterator[Product | Outcome]:
+    """``pool``: the images AG adapts on; ``todo``: (source, image, files) of the images to write."""
     yield from failures
-    if not loaded:
+    if not todo and mode == "oag":
         return
     shared = None
-    if mode == "ag":
-        base = models.get(loaded[0][1].channels)
+    if mode == "ag" and pool:
+        base = models.get(pool[0].channels)
         t0 = time.perf_counter()
-        images = [x for _, img, _ in loaded for x in as_model_channels(img.data, base.config.channels)]
-        progress.note(f"adapting module {cfg.modules} on {len(loaded)} images (at most {cfg.steps or AG_STEPS} steps)")
-        shared = adapt(base, images, cfg, opts.tile)
+        images = [x for img in pool for x in as_model_channels(img.data, base.config.channels)]
+        steps = cfg.steps or AG_STEPS
+        progress.note(f"adapting module {cfg.modules} on {len(pool)} images (at most {steps} steps)")
+        with process_group_for(models.device):
+            shared = adapt(base, images, cfg, opts.tile)
         progress.note(
-            f"adapted module {cfg.modules} on {len(loaded)} images in {time.perf_counter() - t0:.1f} s "
+            f"adapted module {cfg.modules} on {len(pool)} images in {time.perf_counter() - t0:.1f} s "
             f"(best step {shared.best_step}, stopped: {shared.stop})"
         )
         if save_weights:
             ck = shared.checkpoint
             save_checkpoint(save_weights, ck.model, ck.training, ck.extra)
     chunk = 1 if shared else (cfg.group or default_group(models.device))
-    for c in range(0, len(loaded), chunk):
-        items = loaded[c : c + chunk]
+    for c in range(0, len(todo), chunk):
+        items = todo[c : c + chunk]
         t0 = time.perf_counter()
         if shared:
-            results, together = [shared], [len(loaded)]
+            results, together = [shared], [len(pool)]
         else:  # oag: each image adapted alone with its own channel count's checkpoint, in batched runs
             results, together = adapt_images(
                 [(models.get(img.channels), img.data) for _, img, _ in items], cfg, opts.tile
@@ -120,6 +140,20 @@ def _steps(
         seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
         for (src, img, files), res, n_together in zip(items, results, together):
             yield _product(src, img, files, res, mode, cfg, opts, seconds, n_together, denoised_only)
+
+
+@contextmanager
+def process_group_for(device):
+    """Under torchrun (WORLD_SIZE > 1), a torch.distributed process group for the duration of a
+    shared adaptation, so that its ranks average their gradients; nothing otherwise."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or tdist.is_initialized():
+        yield
+        return
+    tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield
+    finally:
+        tdist.destroy_process_group()
 
 
 def _product(

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from ..inference import Decomposed, InferenceOptions, decompose, n_tiles
-from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via, read_image, to_pil
+from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via, to_pil
 from ..model import Checkpoint
 from ..tasks.ood import ood_features, ood_report
 from .inputs import UsageError, expand_inputs, input_names, require_folder, skip_done
-from .runner import ModelCache, Outcome, Product, Progress, note_large_image, run_ordered
+from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
 from .visualize import panel, views
 
 PNG_MAPS = ("L", "S", "N", "mu_omega", "mu_lambda", "sigma_L", "sigma_S")
@@ -98,29 +98,31 @@ def decompose_folder(
     skip_existing: bool = False,
     on_outcome: Callable[[Outcome], None] | None = None,
     progress: Progress | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> list[Outcome]:
     """Decompose ``inputs`` into the folder ``output`` (:func:`outputs_for` names the files; with
     ``recursive`` the sub-folders of folder inputs are mirrored).
 
     One :class:`Outcome` per input; its record is the image's json file without the per-tile rank
-    indices.  Errors as :func:`~indeed_cli.pipelines.denoise_folder`.
+    indices.  Errors and ``shard`` as :func:`~indeed_cli.pipelines.denoise_folder`.
     """
     if npz_precision not in ("float32", "float16"):
         raise UsageError(f"--npz-precision must be float32 or float16, got {npz_precision!r}")
     output = Path(output)
     opts = options or InferenceOptions(overlap=DECOMPOSE_OVERLAP)
     progress = progress or Progress()
-    paths = expand_inputs(inputs, recursive)
+    every = paths = expand_inputs(inputs, recursive)
     require_folder(output, "--output")
     plans = [outputs_for(output, n, with_panel) for n in input_names(inputs, paths, recursive)]
-    paths, plans, skipped = skip_done(paths, plans, skip_existing, force)
+    paths, plans, skipped = skip_done(paths, plans, skip_existing, force, shard)
     models = ModelCache(weights, device)
     progress.start(len(paths))
 
     def steps() -> Iterator[Product | Outcome]:
-        for src, files in zip(paths, plans):
+        for (src, img), files in zip(read_ahead(paths), plans):
             try:
-                img = read_image(src)
+                if isinstance(img, ImageError):
+                    raise img
                 ckpt = models.get(img.channels)
                 note_large_image(progress, src.name, *img.size, img.channels, n_tiles(*img.size, opts))
                 with progress.tiles(src.name, n_tiles(*img.size, opts)) as advance:
@@ -137,4 +139,4 @@ def decompose_folder(
 
             yield Product(src, write, {}, sum(v.nbytes for v in dec.maps.values()))
 
-    return run_ordered(steps(), on_outcome, skipped)
+    return run_ordered(steps(), on_outcome, skipped, shard=shard, inputs=every)

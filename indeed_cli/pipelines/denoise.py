@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..inference import InferenceOptions, denoise, denoise_with_stats, n_tiles
-from ..io import JPEG_QUALITY, ImageError, check_output_format, read_image, write_image
+from ..io import JPEG_QUALITY, ImageError, check_output_format, write_image
 from ..model import Checkpoint, CheckpointError
 from ..tasks.adaptation import AdaptConfig, adapt_images, default_group
 from ..tasks.ood import ood_features, ood_report
 from .inputs import expand_inputs, input_names, plan_outputs
-from .runner import ModelCache, Outcome, Product, Progress, note_large_image, run_ordered
+from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
 
 
 def denoise_folder(
@@ -36,6 +36,7 @@ def denoise_folder(
     skip_existing: bool = False,
     on_outcome: Callable[[Outcome], None] | None = None,
     progress: Progress | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> list[Outcome]:
     """Denoise ``inputs`` (files, folders, globs, ``-``) into ``output``: a file for one input (its
     suffix says the format; ``quality`` for JPEG and WebP), else a folder of ``<name>.png`` (with
@@ -46,17 +47,18 @@ def denoise_folder(
 
     Raises :class:`~indeed_cli.pipelines.UsageError` (bad inputs or outputs, before any work) and
     :class:`~indeed_cli.model.CheckpointError`; an image that cannot be read or written is a failed
-    Outcome and the others go on.
+    Outcome and the others go on.  ``shard`` (K, N): only every N-th input from the K-th, for one of
+    N processes that share the work (their outputs together are those of one run).
     """
     opts = options or InferenceOptions()
     progress = progress or Progress()
-    paths = expand_inputs(inputs, recursive)
-    names = input_names(inputs, paths, recursive)
-    paths, targets, skipped = plan_outputs(paths, Path(output), ".png", force, skip_existing, names)
+    every = expand_inputs(inputs, recursive)
+    names = input_names(inputs, every, recursive)
+    paths, targets, skipped = plan_outputs(every, Path(output), ".png", force, skip_existing, names, shard)
     models = ModelCache(weights, device)
     progress.start(len(paths))
     steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, quality, progress)
-    return run_ordered(steps, on_outcome, skipped)
+    return run_ordered(steps, on_outcome, skipped, shard=shard, inputs=every)
 
 
 def _steps(
@@ -108,9 +110,10 @@ def _steps(
             yield product(item, out, res)
         pending.clear()
 
-    for src, dst in zip(paths, targets):
+    for (src, img), dst in zip(read_ahead(paths), targets):
         try:
-            img = read_image(src)
+            if isinstance(img, ImageError):
+                raise img
             check_output_format(dst, img)
         except ImageError as e:
             yield Outcome(src, {"image": str(src)}, e)

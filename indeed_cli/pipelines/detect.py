@@ -10,11 +10,11 @@ import numpy as np
 from PIL import Image
 
 from ..inference import InferenceOptions
-from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via, read_image
+from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via
 from ..model import Checkpoint
 from ..tasks.detection import detect, detect_tiles, readout_scales, stored_threshold
 from .inputs import UsageError, expand_inputs, input_names, require_folder, skip_done
-from .runner import ModelCache, Outcome, Product, Progress, note_large_image, run_ordered
+from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
 
 
 def heat(v: np.ndarray) -> np.ndarray:
@@ -65,27 +65,30 @@ def detect_folder(
     skip_existing: bool = False,
     on_outcome: Callable[[Outcome], None] | None = None,
     progress: Progress | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> list[Outcome]:
     """Map anomalies of ``inputs`` into the folder ``maps`` (:func:`map_files` names the files).
 
     ``threshold`` and ``scales`` default to what the detector was calibrated with.  Each Outcome's
     record holds the image score, whether it is anomalous (score above the threshold), the share of
-    pixels above the threshold and the map files.  Errors as :func:`~indeed_cli.pipelines.denoise_folder`.
+    pixels above the threshold and the map files.  Errors and ``shard`` as
+    :func:`~indeed_cli.pipelines.denoise_folder`.
     """
     maps = Path(maps)
     opts = options or InferenceOptions()
     progress = progress or Progress()
-    paths = expand_inputs(inputs, recursive)
+    every = paths = expand_inputs(inputs, recursive)
     require_folder(maps, "--maps")
     plans = [map_files(maps, n) for n in input_names(inputs, paths, recursive)]
-    paths, plans, skipped = skip_done(paths, plans, skip_existing, force)
+    paths, plans, skipped = skip_done(paths, plans, skip_existing, force, shard)
     models = ModelCache(weights, device, task="detect")
     progress.start(len(paths))
 
     def steps() -> Iterator[Product | Outcome]:
-        for src, files in zip(paths, plans):
+        for (src, img), files in zip(read_ahead(paths), plans):
             try:
-                img = read_image(src)
+                if isinstance(img, ImageError):
+                    raise img
                 ck = models.get(img.channels)
                 t = threshold if threshold is not None else stored_threshold(ck)
                 if t is None:
@@ -114,4 +117,4 @@ def detect_folder(
                 src, lambda a=(img, amap, t, files): write_maps(*a), record, 20 * amap.nbytes
             )  # float64 overlay temporaries: ~80 bytes a pixel
 
-    return run_ordered(steps(), on_outcome, skipped)
+    return run_ordered(steps(), on_outcome, skipped, shard=shard, inputs=every)

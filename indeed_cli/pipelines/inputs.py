@@ -8,6 +8,7 @@ when they exist unless ``force``; ``skip_existing`` leaves out inputs whose outp
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -79,13 +80,14 @@ def plan_outputs(
     force: bool = False,
     skip_existing: bool = False,
     names: list[str] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> tuple[list[Path], list[Path], list[Path]]:
     """Where each input's result goes: ``output`` itself for one input when it names an image file
     (its suffix says the format: :data:`OUTPUT_SUFFIXES`), else ``output/<name><suffix>``, the names
     from :func:`input_names` (default: the stems).  Refuses input overwrites, name clashes and
     (without --force) existing files, before any work is done.  Returns the inputs to process,
-    their targets, and the inputs left out by ``skip_existing``.  ``-o -`` (one input) is standard
-    output."""
+    their targets, and the inputs left out by ``skip_existing``; with ``shard`` (K, N), only the
+    K-th of every N inputs (:func:`skip_done`).  ``-o -`` (one input) is standard output."""
     if is_stdio(output):
         if len(inputs) != 1:
             raise UsageError(f"-o - (standard output) takes one input, not {len(inputs)}")
@@ -99,18 +101,28 @@ def plan_outputs(
         raise UsageError(f"{len(inputs)} inputs need an output folder, not the file name {output}")
     names = names or [stem(p) for p in inputs]
     targets = [output] if looks_like_file else [output / f"{n}{suffix}" for n in names]
-    inputs, plans, skipped = skip_done(inputs, [{"output": t} for t in targets], skip_existing, force)
+    inputs, plans, skipped = skip_done(inputs, [{"output": t} for t in targets], skip_existing, force, shard)
     return inputs, [plan["output"] for plan in plans], skipped
 
 
 def skip_done(
-    inputs: list[Path], plans: list[dict[str, Path]], skip_existing: bool, force: bool
+    inputs: list[Path],
+    plans: list[dict[str, Path]],
+    skip_existing: bool,
+    force: bool,
+    shard: tuple[int, int] | None = None,
 ) -> tuple[list[Path], list[dict[str, Path]], list[Path]]:
     """The inputs still to do with their planned files, and (with --skip-existing) the inputs left
     out because all their planned files exist.  What remains is checked by check_targets, so an
-    input with only some of its outputs is refused without --force: never overwritten silently."""
+    input with only some of its outputs is refused without --force: never overwritten silently.
+    With ``shard`` (K, N) only the K-th of every N inputs remains, after a check that no two of
+    all the inputs share a file: the shards of one run refuse what the whole run would."""
     if skip_existing and force:
         raise UsageError("--skip-existing and --force contradict each other; choose one")
+    if shard is not None:
+        check_targets([], [f for plan in plans for f in plan.values()], force=True)  # clashes between shards
+        inputs, _ = take_shard(inputs, shard)
+        plans, _ = take_shard(plans, shard)
     done = [skip_existing and bool(plan) and all(f.exists() for f in plan.values()) for plan in plans]
     skipped = [p for p, d in zip(inputs, done) if d]
     todo = [i for i, d in enumerate(done) if not d]
@@ -148,3 +160,34 @@ def parse_scales(text: str) -> tuple[float, ...]:
     if not scales or any(not 0 < v <= 1 for v in scales) or len(set(scales)) != len(scales):
         raise UsageError(f"--scales must be distinct numbers in (0, 1], got {text!r}")
     return scales
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N): the K-th of N shards, K counted from 0."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard must look like K/N (e.g. 0/4), got {text!r}") from None
+    if n < 1 or not 0 <= k < n:
+        raise UsageError(f"--shard K/N needs 0 <= K < N, got {text!r}")
+    return k, n
+
+
+def shard_from_env(env: dict | None = None) -> tuple[int, int] | None:
+    """The shard a launcher gave this process: torchrun (RANK, WORLD_SIZE) or a SLURM job array
+    (SLURM_ARRAY_TASK_ID counted from SLURM_ARRAY_TASK_MIN, SLURM_ARRAY_TASK_COUNT); None alone."""
+    env = os.environ if env is None else env
+    if int(env.get("WORLD_SIZE", "1")) > 1:
+        return int(env.get("RANK", "0")), int(env["WORLD_SIZE"])
+    if "SLURM_ARRAY_TASK_ID" in env and int(env.get("SLURM_ARRAY_TASK_COUNT", "1")) > 1:
+        task = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        return task, int(env["SLURM_ARRAY_TASK_COUNT"])
+    return None
+
+
+def take_shard(items: list, shard: tuple[int, int] | None) -> tuple[list, list[int]]:
+    """Every N-th item starting at the K-th, in the stable input order, and their positions."""
+    if shard is None:
+        return items, list(range(len(items)))
+    k, n = shard
+    return items[k::n], list(range(k, len(items), n))

@@ -93,3 +93,11 @@ def test_detect_benchmark(tmp_path, rng):
                 write_png(tmp_path / cls / f"{i}.png", mask)
     out = run("detect.py", "--data", tmp_path, "--weights", det, "--methods", "indeed,rpca", "--device", "cpu")
     assert "rpca" in out
+
+
+def test_onnx_speed_benchmark(tmp_path, ckpt_paths, rng):
+    facts = {"threshold": 0.1, "score_kind": "top5", "scales": [1.0]}
+    det = save_checkpoint(tmp_path / "det.safetensors", tiny_model(1, task="detect"), {}, {"detect": facts})
+    img = write_png(tmp_path / "t.png", rng.integers(0, 256, (40, 48), dtype=np.uint8))
+    out = run("onnx_speed.py", "--weights", f"{ckpt_paths[3]},{det}", "--image", img, "--reps", "1")
+    assert "onnxruntime" in out and "detect" in out

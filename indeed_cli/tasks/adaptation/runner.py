@@ -20,6 +20,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 from torch.func import vmap
 
 from ...inference import TileGrid, as_model_channels
@@ -149,6 +150,22 @@ def adapt_images(
     return results, together
 
 
+def _ranks() -> tuple[int, int] | None:
+    """(rank, world size) of an active torch.distributed process group of several ranks, else None."""
+    if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
+        return tdist.get_rank(), tdist.get_world_size()
+    return None
+
+
+def _average_gradients(params, scale: float) -> None:
+    """Sum each gradient over the ranks (scaled): every rank then takes the same Adam step."""
+    for p in params:
+        if p.grad is not None:
+            tdist.all_reduce(p.grad)
+            if scale != 1.0:
+                p.grad.mul_(scale)
+
+
 def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: AdaptConfig, log):
     """The adaptation loop for K entries whose batches have the same shapes (see module doc).
 
@@ -223,17 +240,26 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
     start, X0 = evaluate()
     history = [[{"step": 0, **s}] for s in start]
     rules = [EarlyStopping.start(cfg, s) for s in start]
+    ranks = _ranks() if K == 1 else None  # one adaptation shared by the ranks of a process group
     for step in range(1, cfg.steps + 1):
         idx = torch.stack([torch.randint(len(jobs[k]["pool"]), (b,), generator=jobs[k]["gen"]) for k in alive])
+        split = ranks is not None and b >= ranks[1]
+        if split:  # every rank draws the same batch and computes its part of it
+            idx = idx[:, ranks[0] :: ranks[1]]
+        nb = idx.shape[1]
         rows = (idx + torch.tensor(alive)[:, None] * size).flatten().to(device)
         obj, _ = run(
             params,
-            pools[rows].view(len(alive), b, *pools.shape[1:]),
+            pools[rows].view(len(alive), nb, *pools.shape[1:]),
             cfg.sample,
-            take(pool_factors, lambda f, rows=rows, n=len(alive): f[rows].view(n, b, *f.shape[1:])),
+            take(pool_factors, lambda f, rows=rows, n=len(alive), nb=nb: f[rows].view(n, nb, *f.shape[1:])),
         )
         opt.zero_grad(set_to_none=True)
-        obj.mean(1).sum().backward()  # entries are independent: the sum gives each its own gradient
+        # entries are independent: the sum gives each its own gradient; split over ranks, each rank's
+        # part is a share of the whole batch's mean, and the ranks' gradients are summed (DDP's mean)
+        (obj.sum(1).sum() / b if split else obj.mean(1).sum()).backward()
+        if ranks is not None:
+            _average_gradients(params.values(), 1.0 if split else 1.0 / ranks[1])
         opt.step()
         if step % cfg.eval_every and step != cfg.steps:
             continue

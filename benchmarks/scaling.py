@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Sharded denoising on several GPUs: images per second of `indeed denoise FOLDER -o OUT` in one
+process against `torchrun --nproc-per-node K` (each rank denoising every K-th image on its own GPU),
+whole commands timed (start-up, reading and writing included), outputs compared byte for byte.
+
+    python benchmarks/scaling.py --images 2000 --size 512 --procs 1,2,4 --precision bf16
+
+Without --data it makes the images: smooth random colour fields with AWGN of a random level,
+written as PNG with numpy and Pillow.  Prints a Markdown table and the command that made it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+def make_image(args: tuple[Path, int, int]) -> None:
+    path, size, seed = args
+    rng = np.random.default_rng(seed)
+    coarse = rng.random((size // 32 + 2, size // 32 + 2, 3)).astype(np.float32)
+    smooth = np.asarray(
+        Image.fromarray((coarse * 255).astype(np.uint8)).resize((size, size), Image.BICUBIC), np.float32
+    )
+    noisy = smooth + rng.normal(0, rng.uniform(5, 40), smooth.shape)
+    Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(path)
+
+
+def steady_rate(folder: Path) -> float:
+    """Images a second while the run is under way: from the 10th to the 90th percentile of the
+    outputs' write times, leaving out start-up (importing, loading the model) and the end."""
+    times = np.sort([p.stat().st_mtime for p in folder.glob("*.png")])
+    lo, hi = np.percentile(times, [10, 90])
+    return float(((times >= lo) & (times <= hi)).sum() / max(hi - lo, 1e-9))
+
+
+def digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.glob("*.png")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def run(procs: int, data: Path, out: Path, a) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = ["-m", "indeed_cli", "denoise", str(data), "-o", str(out), "-q", "--precision", a.precision,
+           "--device", a.device]  # fmt: skip
+    if procs > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = ["-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-port", str(port), *cmd]
+    t = time.perf_counter()
+    subprocess.run([sys.executable, *cmd], check=True, env={**os.environ, "OMP_NUM_THREADS": str(a.threads)})
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", type=Path, default=None, help="a folder of images (default: make --images of them)")
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--size", type=int, default=512)
+    ap.add_argument("--procs", default="1,2,4", help="process counts to compare (one GPU each)")
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=4, help="CPU threads per process (reading, writing)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = a.data
+        if data is None:
+            data = Path(tmp) / "in"
+            data.mkdir()
+            jobs = [(data / f"{i:05d}.png", a.size, i) for i in range(a.images)]
+            with ProcessPoolExecutor() as pool:
+                list(pool.map(make_image, jobs, chunksize=16))
+        n = len(list(data.glob("*.png")))
+        rows = []
+        for procs in map(int, a.procs.split(",")):
+            out = Path(tmp) / f"out{procs}"
+            seconds = run(procs, data, out, a)
+            rows.append((procs, seconds, n / seconds, steady_rate(out), digest(out)))
+    base = rows[0]
+    print(f"| processes | seconds | images / s (whole command) | speed-up | images / s (under way) | speed-up |"
+          f" outputs equal to {base[0]} process(es) |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    for procs, seconds, rate, steady, d in rows:
+        print(f"| {procs} | {seconds:.1f} | {rate:.1f} | {rate / base[2]:.2f} | {steady:.1f} | {steady / base[3]:.2f} "
+              f"| {'yes' if d == base[4] else 'NO'} |")  # fmt: skip
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    machine = f"{', '.join(gpus) or 'no GPU'}; {os.cpu_count()} CPU cores ({platform.machine()})"
+    print(f"\nCommand: `python {' '.join(sys.argv)}`  \nImages: {n} of {a.size}x{a.size}; machine: {machine}; "
+          f"torch {torch.__version__}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

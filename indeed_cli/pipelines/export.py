@@ -1,0 +1,136 @@
+"""Export a checkpoint's tile network to ONNX, for runtimes outside Python (optional extra `onnx`).
+
+The exported graph is what runs on each tile: (B, C, tile, tile) float32 in [0, 1] in, the
+posterior mean of L + S (a denoiser) or of S (a detector) out, with a dynamic batch size.  Tiling,
+blending and the detector's read-out stay outside it; examples/onnx_detect.py does them with numpy
+the way `indeed detect` does, and the metadata carries what they need (tile, overlap, threshold,
+read-out scales, score).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..inference import InferenceOptions
+from ..model import Checkpoint, load_checkpoint, resolve_weights
+from ..tasks.detection import readout_scales, score_kind, stored_threshold
+from ..tasks.detection.maps import MAP_BLUR, SCORE_DEFINITIONS
+from .inputs import UsageError
+
+INPUT = "Y"
+OUTPUTS = {"denoise": "X", "detect": "S"}
+PARITY_TOLERANCE = 1e-4  # float32: the exported graph must give the network's numbers
+
+
+class TileNetwork(nn.Module):
+    """The part of inference that runs on a tile: posterior means, no sampling."""
+
+    def __init__(self, ckpt: Checkpoint):
+        super().__init__()
+        self.model, self.task = ckpt.model, ckpt.config.task
+
+    def forward(self, Y: torch.Tensor) -> torch.Tensor:
+        d = self.model(Y, sample=False)
+        return d.mu_S if self.task == "detect" else d.L_hat + d.mu_S
+
+
+def export_onnx(
+    weights: str | Path | Checkpoint | None,
+    out: str | Path,
+    *,
+    task: str = "denoise",
+    channels: int = 3,
+    tile: int = 128,
+    opset: int = 17,
+    force: bool = False,
+) -> dict:
+    """Write the tile network of ``weights`` (default: the bundled model of ``task`` and ``channels``)
+    to ``out`` and check it against PyTorch on random tiles with onnxruntime.  Returns the metadata
+    written into the ONNX file and ``max_difference``, the largest deviation found."""
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError:
+        raise UsageError("ONNX export needs the onnx extra: pip install 'indeed[onnx]'") from None
+    out = Path(out)
+    if out.exists() and not force:
+        raise UsageError(f"output exists: {out} (use --force to overwrite)")
+    if out.suffix.lower() != ".onnx":
+        raise UsageError(f"{out}: an ONNX model file should end in .onnx")
+    ck = weights if isinstance(weights, Checkpoint) else load_checkpoint(resolve_weights(
+        None if weights is None else str(weights), channels, task), "cpu")  # fmt: skip
+    if ck.config.task not in OUTPUTS:
+        raise UsageError(f"cannot export a {ck.config.task!r} checkpoint")
+    try:
+        InferenceOptions(tile=tile, overlap=0).check(ck.config.multiple)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if any(p.dtype != torch.float32 for p in ck.model.parameters()):
+        raise UsageError("only float32 networks are exported (bf16 is a runtime choice, not a file format)")
+    net = TileNetwork(ck).eval().cpu()
+    example = torch.rand(2, ck.config.channels, tile, tile)
+    name = OUTPUTS[ck.config.task]
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # the tracer notes that the shape checks of InDeed.forward become constants: they hold for
+            # every tile of this size, which is all the graph takes
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch's TorchScript-based exporter, still the
+            # one that needs no onnxscript and keeps the batch dimension dynamic in one call
+            torch.onnx.export(net, (example,), str(tmp), input_names=[INPUT], output_names=[name], opset_version=opset,
+                              dynamic_axes={INPUT: {0: "batch"}, name: {0: "batch"}}, dynamo=False)  # fmt: skip
+        meta = metadata(ck, tile, name)
+        model = onnx.load(str(tmp))
+        for key, value in meta.items():
+            model.metadata_props.add(key=key, value=value)
+        onnx.save(model, str(tmp))
+        check = torch.rand(3, ck.config.channels, tile, tile)  # another batch size than the example's
+        session = onnxruntime.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+        got = session.run(None, {INPUT: check.numpy()})[0]
+        with torch.no_grad():
+            want = net(check).numpy()
+        diff = float(np.abs(got - want).max())
+        if not diff <= PARITY_TOLERANCE:
+            raise UsageError(
+                f"the exported network differs from PyTorch by {diff:.2g} (> {PARITY_TOLERANCE}); not written"
+            )
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {**meta, "max_difference": diff, "bytes": out.stat().st_size}
+
+
+def metadata(ck: Checkpoint, tile: int, output: str) -> dict[str, str]:
+    """What a runtime needs besides the graph, as the ONNX file's string metadata."""
+    meta = {
+        "indeed.task": ck.config.task,
+        "indeed.config": ck.config.to_json(),
+        "indeed.source": ck.source,
+        "indeed.tile": str(tile),
+        "indeed.overlap": "32",
+        "indeed.input": f"{INPUT}: (batch, {ck.config.channels}, {tile}, {tile}) float32 in [0, 1], one tile each",
+        "indeed.output": f"{output}: "
+        + (
+            "posterior mean of S per tile"
+            if ck.config.task == "detect"
+            else "posterior mean of L + S per tile (the denoised tile)"
+        ),  # fmt: skip
+    }
+    if ck.config.task == "detect":
+        kind = score_kind(ck)
+        meta.update({
+            "indeed.threshold": json.dumps(stored_threshold(ck)),
+            "indeed.scales": json.dumps(list(readout_scales(ck))),
+            "indeed.map": f"gaussian_blur(mean_c |S|, {MAP_BLUR}), mean over the read-out scales",
+            "indeed.score": kind,
+            "indeed.score_definition": SCORE_DEFINITIONS[kind],
+        })  # fmt: skip
+    return meta

@@ -1,0 +1,66 @@
+"""`indeed export --onnx`: the exported tile network equals the PyTorch one, carries what a runtime
+needs, and examples/onnx_detect.py reads a detector out exactly as `indeed detect` does."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import tiny_model
+
+from indeed_cli.model import load_checkpoint, save_checkpoint
+from indeed_cli.tasks.detection import detect
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "onnx_detect.py"
+
+
+def session(path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_exported_denoiser_equals_pytorch_on_tiles(run_cli, tmp_path, channels):
+    w = save_checkpoint(tmp_path / "d.safetensors", tiny_model(channels))
+    code, out, err = run_cli("export", "-w", w, "--onnx", tmp_path / "d.onnx", "--tile", "64", "--json")
+    assert code == 0, err
+    assert json.loads(out)["max_difference"] <= 1e-4
+    s = session(tmp_path / "d.onnx")
+    model = load_checkpoint(w).model
+    for batch in (1, 5):  # the batch size is dynamic
+        tiles = torch.rand(batch, channels, 64, 64)
+        with torch.no_grad():
+            d = model(tiles)
+        np.testing.assert_allclose(s.run(None, {"Y": tiles.numpy()})[0], (d.L_hat + d.mu_S).numpy(), atol=1e-4)
+    meta = s.get_modelmeta().custom_metadata_map
+    assert meta["indeed.task"] == "denoise" and meta["indeed.tile"] == "64"
+    assert json.loads(meta["indeed.config"])["channels"] == channels
+
+
+def test_export_refuses_clearly(run_cli, tmp_path):
+    w = save_checkpoint(tmp_path / "d.safetensors", tiny_model(3))
+    (tmp_path / "x.onnx").write_bytes(b"old")
+    code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "x.onnx")
+    assert code == 2 and "exists" in err and (tmp_path / "x.onnx").read_bytes() == b"old"
+    code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "y.onnx", "--tile", "60")
+    assert code == 2 and "multiple of 8" in err and not (tmp_path / "y.onnx").exists()
+    code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "y.txt")
+    assert code == 2 and ".onnx" in err
+
+
+def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp_path, rng):
+    det = tiny_model(1, task="detect")
+    facts = {"threshold": 0.02, "scales": [1.0, 0.5], "score_kind": "top5"}
+    w = save_checkpoint(tmp_path / "det.safetensors", det, {}, {"detect": facts})
+    code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "det.onnx", "--json")
+    assert code == 0, err
+    spec = importlib.util.spec_from_file_location("onnx_detect", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    image = rng.random((3, 150, 170)).astype(np.float32)  # colour, read by the gray detector per channel
+    amap, score, anomalous = example.detect(session(tmp_path / "det.onnx"), image)
+    want = detect(load_checkpoint(w), image)
+    np.testing.assert_allclose(amap, want.anomaly_map, atol=1e-5)
+    assert score == pytest.approx(want.score, rel=1e-4) and anomalous == (want.score > 0.02)
