@@ -38,6 +38,7 @@ from indeed_cli.metrics import (  # noqa: E402
     ssim,
 )
 from indeed_cli.tasks.adaptation import AdaptConfig, adapt, adapt_each, default_group  # noqa: E402
+from indeed_cli.tasks.camera_noise import camera_pair, parse_noise  # noqa: E402
 from indeed_cli.tasks.ood import ood_features, ood_score  # noqa: E402
 
 
@@ -229,7 +230,16 @@ def render(rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, help="folder of *_real / *_mean pairs (PolyU100)")
+    ap.add_argument(
+        "--data", type=Path, help="folder of *_real / *_mean pairs (PolyU100), or of clean images with --camera"
+    )
+    ap.add_argument(
+        "--camera",
+        default=None,
+        help="camera:LEVEL[+jpeg]: make the noisy/reference pairs from the clean images of --data with the camera "
+        "noise model (indeed_cli.tasks.camera_noise), seeded per image",
+    )
+    ap.add_argument("--crop", type=int, default=512, help="with --camera: the top-left crop of each clean image")
     ap.add_argument("--ood-clean", type=Path, help="clean in-distribution images for the OOD AUROC (CBSD68)")
     ap.add_argument("--ood-sigma", type=float, default=15.0)
     ap.add_argument("--methods", default="none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d")
@@ -273,7 +283,15 @@ def main() -> None:
     rows = [json.loads(line) for f in a.from_rows for line in f.read_text().splitlines() if line.strip()]
     methods = [m for m in a.methods.split(",") if m]
     if a.data:
-        data = [(n.name, read_image(n).data, read_image(c).data) for n, c in pairs(a.data, a.limit, a.split)]
+        if a.camera:
+            level, jpeg = parse_noise(a.camera)
+            clean = sorted(p for p in a.data.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+            data = [
+                (p.name, *camera_pair(read_image(p).data[:, : a.crop, : a.crop], level, image_seed(p.name, 0), jpeg))
+                for p in clean[: a.limit or None]
+            ]
+        else:
+            data = [(n.name, read_image(n).data, read_image(c).data) for n, c in pairs(a.data, a.limit, a.split)]
         rows += [
             {"method": "noisy input", "image": n, "psnr": psnr(y, x), "ssim": ssim(y, x), "seconds": 0.0}
             for n, y, x in data

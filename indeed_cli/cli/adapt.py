@@ -77,6 +77,15 @@ def adapt_cmd(
             help="Write only <stem>.png, not the decomposition files (writing those takes longer than OAG on a GPU).",
         ),
     ] = False,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            metavar="FILE.png",
+            help="Plot each image's (l_rank, l_sparse) before and after "
+            "adaptation over the training images' (the paper's Fig. 7).",
+        ),
+    ] = None,
     run: RunOptions = RunOptions(),
 ) -> None:
     """Active generalization: fine-tune one module on the inputs (l_fid + l_sparse), then denoise and decompose."""
@@ -90,7 +99,7 @@ def adapt_cmd(
         precision=run.precision,
         group=group,
     )
-    report = Reporter(run.json_out, run.quiet)
+    reporter = Reporter(run.json_out, run.quiet)
     adapt_folder(
         inputs,
         output,
@@ -98,6 +107,7 @@ def adapt_cmd(
         config=cfg,
         save_weights=save_weights,
         denoised_only=denoised_only,
-        **run.folder_run(report, skip_existing=False),
+        report=report,
+        **run.folder_run(reporter, skip_existing=False),
     )
-    report.finish()
+    reporter.finish()

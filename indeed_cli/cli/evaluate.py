@@ -50,6 +50,15 @@ def evaluate_cmd(
         ),
     ] = "",
     limit: Annotated[int, typer.Option("--limit", metavar="N", help="Use only the first N images (0 = all).")] = 0,
+    noise: Annotated[
+        str,
+        typer.Option(
+            "--noise",
+            metavar="awgn|camera:LEVEL[+jpeg]",
+            help="Synthetic noise: AWGN of each --sigma, or a camera pipeline's signal-dependent noise "
+            "(LEVEL light, medium or heavy; +jpeg: JPEG quality 90), scored against the noiseless camera image.",
+        ),
+    ] = "awgn",
     run: RunOptions = RunOptions(),
 ) -> None:
     """Score denoising (PSNR/SSIM) or anomaly detection (AUROC/AP), as a table or JSON lines."""
@@ -59,7 +68,8 @@ def evaluate_cmd(
     if task == "detect":
         summary = evaluate_detect(clean, mask_suffix=mask_suffix, **common)
     elif task == "denoise":
-        summary = evaluate_denoise(clean, sigmas=sigma, clipped8=clipped, noisy=noisy, pair=pair, limit=limit, **common)
+        summary = evaluate_denoise(clean, sigmas=sigma, clipped8=clipped, noisy=noisy, pair=pair, limit=limit,
+                                   noise=noise, **common)  # fmt: skip
     else:
         raise CLIError(f"--task must be denoise or detect, got {task!r}")
     if run.json_out:
@@ -82,7 +92,7 @@ def denoise_table(summary: list[dict], clipped: bool) -> Table:
     )
     for s in summary:
         t.add_row(
-            "real" if s["sigma"] is None else f"{s['sigma']:g}",
+            "real" if s["sigma"] is None else s["sigma"] if isinstance(s["sigma"], str) else f"{s['sigma']:g}",
             str(s["n"]),
             f"{s['psnr_in']:.2f}",
             f"{s['psnr']:.2f}",

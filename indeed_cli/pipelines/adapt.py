@@ -14,13 +14,14 @@ from pathlib import Path
 
 import torch.distributed as tdist
 
-from ..inference import InferenceOptions, as_model_channels, decompose, denoise
-from ..io import ImageError, read_image, write_image
+from ..inference import InferenceOptions, as_model_channels, decompose, denoise_with_stats
+from ..io import ImageError, atomic_save, read_image, write_image
 from ..model import Checkpoint, save_checkpoint
 from ..tasks.adaptation import AG_STEPS, AdaptConfig, AdaptResult, adapt, adapt_images, default_group
 from .decompose import outputs_for, write_decomposition
 from .inputs import UsageError, check_targets, expand_inputs, input_names, require_folder, take_shard
 from .runner import ModelCache, Outcome, Product, Progress, run_ordered
+from .visualize import elbo_plane
 
 MODES = ("ag", "oag")
 
@@ -41,6 +42,7 @@ def adapt_folder(
     on_outcome: Callable[[Outcome], None] | None = None,
     progress: Progress | None = None,
     shard: tuple[int, int] | None = None,
+    report: str | Path | None = None,
 ) -> list[Outcome]:
     """Adapt to ``inputs`` and write ``<name>.png`` (the denoised image) and, unless ``denoised_only``,
     the decomposition files of each into the folder ``output``.
@@ -51,7 +53,8 @@ def adapt_folder(
     "oag" adapts only those, mode "ag" still adapts on all inputs: under torchrun (a process group
     of N ranks) each rank computes its part of every batch and the gradients are averaged, as in
     training; otherwise each shard runs the whole adaptation, so that all shards write exactly
-    what one run would.
+    what one run would.  ``report``: a PNG of every image's (l_rank, l_sparse) before and after
+    adaptation over the training images' (the paper's Fig. 7; :func:`.visualize.elbo_plane`).
     """
     if mode not in MODES:
         raise UsageError(f"--mode must be ag or oag, got {mode!r}")
@@ -77,7 +80,8 @@ def adapt_folder(
     extra = [Path(save_weights)] if save_weights else []
     check_targets([], [f for plan in plans for f in plan.values()] + extra, force=True)  # no two inputs clash
     mine, _ = take_shard(list(range(len(every))), shard)
-    check_targets(every, [f for i in mine for f in plans[i].values()] + (extra if first else []), force)
+    extra_mine = (extra if first else []) + ([Path(report)] if report else [])
+    check_targets(every, [f for i in mine for f in plans[i].values()] + extra_mine, force)
     models = ModelCache(weights, device)
 
     readable, failures = {}, []
@@ -92,7 +96,27 @@ def adapt_folder(
     progress.start(len(mine))
     steps = _steps(pool, todo, failures, models, mode, cfg, opts, save_weights if first else None, denoised_only,
                    progress)  # fmt: skip
-    return run_ordered(steps, on_outcome, shard=shard, inputs=every)
+    outcomes = run_ordered(steps, on_outcome, shard=shard, inputs=every)
+    if report:
+        _write_report(Path(report), todo, outcomes, models, opts, mode)
+    return outcomes
+
+
+def _write_report(path: Path, todo: list, outcomes: list[Outcome], models: ModelCache, opts, mode: str) -> None:
+    """Fig. 7: each written image's ELBO terms with the starting weights and after adaptation."""
+    done = {o.source: o.record for o in outcomes if o.ok}
+    points, ood = [], None
+    for src, img, _ in todo:
+        if src not in done:
+            continue
+        base = models.get(img.channels)
+        ood = ood or base.extra.get("ood")
+        _, tiles = denoise_with_stats(base, img, opts)
+        before = (float(tiles["l_rank"].mean()), float(tiles["l_sparse"].mean()))
+        after = (done[src]["l_rank"], done[src]["l_sparse"])
+        points.append((src.name, before, after))
+    title = f"indeed adapt --mode {mode}: {len(points)} images in the plane of the paper's Fig. 7"
+    atomic_save(elbo_plane(points, ood, title), path)
 
 
 def _steps(
@@ -169,11 +193,12 @@ def _product(
     denoised_only: bool,
 ) -> Product:
     if denoised_only:
-        dec, out = None, denoise(res.checkpoint, img, opts)
+        dec = None
+        out, tiles = denoise_with_stats(res.checkpoint, img, opts)
         nbytes = out.nbytes
     else:
         dec = decompose(res.checkpoint, img, opts)
-        out = dec.maps["L"] + dec.maps["S"]
+        out, tiles = dec.maps["L"] + dec.maps["S"], dec.tiles
         nbytes = out.nbytes + sum(v.nbytes for v in dec.maps.values())
     record = {
         "image": str(src),
@@ -186,6 +211,9 @@ def _product(
         "loss_best": min(h["loss"] for h in res.history),
         "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
         "adapted_together": together if mode == "oag" else None,
+        # the adapted image's place in the plane of the paper's Fig. 7 (--report)
+        "l_rank": float(tiles["l_rank"].mean()),
+        "l_sparse": float(tiles["l_sparse"].mean()),
     }
 
     def write() -> dict:

@@ -4,6 +4,7 @@ detection AUROC/AP against masks, per image and summarised."""
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from ..inference import InferenceOptions, denoise
 from ..io import ImageError, load_mask, read_image
 from ..metrics import add_awgn, detection_metrics, image_seed, psnr, ssim
 from ..model import Checkpoint
+from ..tasks.camera_noise import camera_pair, parse_noise
 from ..tasks.detection import detect, stored_threshold
 from .inputs import UsageError, expand_inputs
 from .runner import ModelCache
@@ -42,6 +44,7 @@ def evaluate_denoise(
     noisy: str | Path | None = None,
     pair: str = "",
     limit: int = 0,
+    noise: str = "awgn",
     weights: str | Path | Checkpoint | None = None,
     device: str = "auto",
     options: InferenceOptions | None = None,
@@ -50,7 +53,9 @@ def evaluate_denoise(
     """PSNR/SSIM of :func:`~indeed_cli.denoise` per image, then one summary row per sigma.
 
     Synthetic mode: ``clean`` images with seeded AWGN of each sigma (8-bit units; ``clipped8``:
-    the noisy image clipped and quantised like an 8-bit file).  Paired mode (``noisy`` a folder):
+    the noisy image clipped and quantised like an 8-bit file), or with ``noise="camera:LEVEL"``
+    (:mod:`indeed_cli.tasks.camera_noise`) seeded camera noise, scored against the same camera's
+    image without noise; ``sigma`` is then the level's name.  Paired mode (``noisy`` a folder):
     ``clean`` is one folder of references, matched by ``pair`` (:func:`noisy_clean_pairs`).
     An unreadable image raises ImageError: a score over fewer images would mislead.
     """
@@ -63,16 +68,24 @@ def evaluate_denoise(
         if pair:
             noisy_paths = [p for p in noisy_paths if pair.split(":")[0] in p.stem]
         jobs = [(n, c, None) for n, c in noisy_clean_pairs(noisy_paths, Path(clean[0]), pair)]
+    elif noise != "awgn":
+        try:
+            level, jpeg = parse_noise(noise)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        jobs = [(None, c, noise) for c in expand_inputs(clean)]
     else:
         jobs = [(None, c, s) for s in sigmas for c in expand_inputs(clean)]
     if limit:
-        jobs = (
-            jobs[:limit] if noisy is not None else [j for s in sigmas for j in [x for x in jobs if x[2] == s][:limit]]
-        )
+        levels = sorted({j[2] for j in jobs}, key=str) if noisy is None else [None]
+        jobs = [j for lv in levels for j in [x for x in jobs if x[2] == lv][:limit]]
     rows: list[dict] = []
     for noisy_path, clean_path, s in jobs:
         ref = read_image(clean_path)
-        if noisy_path is None:
+        target = ref.data
+        if isinstance(s, str):  # camera noise: scored against the camera's noiseless image
+            y, target = camera_pair(ref.data, level, image_seed(clean_path.name, 0, zlib.crc32(s.encode())), jpeg)
+        elif noisy_path is None:
             y = add_awgn(ref.data, s, image_seed(clean_path.name, s), clipped8)
         else:
             y = read_image(noisy_path).data
@@ -81,13 +94,13 @@ def evaluate_denoise(
         ckpt = models.get(ref.channels)
         t0 = time.perf_counter()
         out = denoise(ckpt, y, opts)
-        score = ssim(out, ref.data)
+        score = ssim(out, target)
         row = {
             "image": str(noisy_path or clean_path),
             "sigma": s,
-            "clipped8": clipped8 if s is not None else None,
-            "psnr_in": round(psnr(y, ref.data), 3),
-            "psnr": round(psnr(out, ref.data), 3),
+            "clipped8": clipped8 if s is not None and not isinstance(s, str) else None,
+            "psnr_in": round(psnr(y, target), 3),
+            "psnr": round(psnr(out, target), 3),
             "ssim": None if score is None else round(score, 4),
             "seconds": round(time.perf_counter() - t0, 3),
         }
@@ -95,7 +108,7 @@ def evaluate_denoise(
         if on_row:
             on_row(row)
     summary = []
-    for s in sorted({r["sigma"] for r in rows}, key=lambda v: (v is None, v)):
+    for s in sorted({r["sigma"] for r in rows}, key=lambda v: (v is None, str(v) if isinstance(v, str) else v)):
         rs = [r for r in rows if r["sigma"] == s]
         ss = [r["ssim"] for r in rs if r["ssim"] is not None]
         summary.append(

@@ -123,3 +123,54 @@ def panel(
         x, y = pad + (i % cols) * (tw + pad), top + pad + (i // cols) * cell_h
         draw.multiline_text((x, y + label), note, fill="black", spacing=3)
     return fig
+
+
+def elbo_plane(points: list[tuple[str, tuple[float, float], tuple[float, float] | None]], ood: dict | None,
+               title: str = "", size: int = 640) -> Image.Image:  # fmt: skip
+    """The paper's Fig. 7 for some images: each image's (l_rank, l_sparse) per pixel before adaptation
+    (blue) and after (orange, joined by a line), over the training images' tiles stored with the
+    checkpoint's OOD statistics (gray); a point far from the gray cloud is out of distribution.
+
+    ``points``: (name, before, after or None); ``ood``: the checkpoint's ``extra["ood"]`` or None."""
+    train = np.empty((0, 2))
+    if ood and ood.get("points"):
+        train = np.asarray(ood["points"], dtype=np.float64) * np.asarray(ood["std"]) + np.asarray(ood["mean"])
+    xy = np.concatenate([train] + [np.asarray([b] + ([a] if a else [])) for _, b, a in points]) if points else train
+    lo, hi = xy.min(0), xy.max(0)
+    pad = 0.08 * np.maximum(hi - lo, 1e-6)
+    lo, hi = lo - pad, hi + pad
+    margin, top = 60, 30 if title else 10
+    fig = Image.new("RGB", (size, size), "white")
+    draw = ImageDraw.Draw(fig)
+    plot = size - margin - 10
+
+    def at(p) -> tuple[float, float]:
+        u = (np.asarray(p) - lo) / (hi - lo)
+        return margin + u[0] * plot, top + (1 - u[1]) * (plot - top)
+
+    draw.rectangle([margin, top, margin + plot, top + plot - top], outline="black")
+    for t in range(5):  # ticks: four intervals on each axis
+        vx, vy = lo[0] + (hi[0] - lo[0]) * t / 4, lo[1] + (hi[1] - lo[1]) * t / 4
+        x, _ = at((vx, lo[1]))
+        _, y = at((lo[0], vy))
+        draw.text((x - 12, top + plot - top + 4), f"{vx:.3g}", fill="black")
+        draw.text((4, y - 6), f"{vy:.3g}", fill="black")
+    draw.text((margin + plot // 2 - 60, size - 18), "l_rank per pixel", fill="black")
+    draw.text((2, top + (plot - top) // 2 - 20), "l_sparse\nper\npixel", fill="black")
+    if title:
+        draw.text((margin, 6), title, fill="black")
+    for p in train:
+        x, y = at(p)
+        draw.point((x, y), fill=(170, 170, 170))
+    for name, before, after in points:
+        bx, by = at(before)
+        if after is not None:
+            ax, ay = at(after)
+            draw.line([bx, by, ax, ay], fill=(120, 120, 120))
+            draw.ellipse([ax - 3, ay - 3, ax + 3, ay + 3], fill=(230, 120, 20))
+        draw.ellipse([bx - 3, by - 3, bx + 3, by + 3], fill=(30, 90, 200))
+        if len(points) <= 20:  # names, while they stay readable
+            draw.text((bx + 5, by - 5), name, fill=(30, 90, 200))
+    legend = "gray: training tiles   blue: images before adaptation   orange: after"
+    draw.text((margin + 4, top + 4), legend, fill="black")
+    return fig

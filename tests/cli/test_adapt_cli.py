@@ -150,3 +150,30 @@ def test_oag_on_a_mixed_folder_uses_each_image_own_default_model(run_cli, tmp_pa
     from PIL import Image
 
     assert Image.open(tmp_path / "o" / "a.png").mode == "RGB" and Image.open(tmp_path / "o" / "b.png").mode == "L"
+
+
+def test_adapt_report_plots_the_elbo_plane(run_cli, tmp_path, rng):
+    """--report: the paper's Fig. 7 as a PNG; every JSON line says where its image ended in that plane."""
+    import json
+
+    from conftest import tiny_model, write_png
+    from PIL import Image
+
+    from indeed_cli.model import save_checkpoint
+
+    ood = {"features": ["l_rank", "l_sparse"], "mean": [1, 2], "std": [1, 1], "points": [[0, 0], [1, 1]], "k": 1,
+           "threshold": 1.0}  # fmt: skip
+    w = save_checkpoint(tmp_path / "m.safetensors", tiny_model(3), {}, {"ood": ood})
+    d = tmp_path / "in"
+    d.mkdir()
+    for n in ("a", "b"):
+        write_png(d / f"{n}.png", rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    code, out, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o", "-w", w, "--steps", "2",
+                             "--denoised-only", "--report", tmp_path / "fig7.png", "--json", "-q")  # fmt: skip
+    assert code == 0, err
+    assert Image.open(tmp_path / "fig7.png").size == (640, 640)
+    assert all({"l_rank", "l_sparse"} <= set(json.loads(line)) for line in out.splitlines())
+    code, _, err = run_cli(
+        "adapt", d, "--mode", "oag", "-o", tmp_path / "o2", "-w", w, "--report", tmp_path / "fig7.png"
+    )
+    assert code == 2 and "exists" in err  # the report is an output like the others

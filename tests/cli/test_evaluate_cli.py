@@ -62,3 +62,16 @@ def test_evaluate_real_pairs_and_a_missing_reference(run_cli, tmp_path, rng, ckp
     assert code == 2 and "no clean reference for y_real.png" in err
     code, out, err = run_cli("evaluate", ref, "-s", "25", "-w", ckpt_paths[3])  # the table
     assert code == 0 and "indeed evaluate" in out and "PSNR" in out
+
+
+def test_evaluate_with_camera_noise(run_cli, clean, ckpt_paths):
+    code, out, err = run_cli("evaluate", clean, "--noise", "camera:heavy", "-w", ckpt_paths[3], "--json")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["sigma"] for r in rows] == ["camera:heavy"] * 3 and rows[-1]["summary"] and rows[-1]["n"] == 2
+    assert all(r["clipped8"] is None for r in rows[:2])
+    again = [json.loads(line) for line in run_cli("evaluate", clean, "--noise", "camera:heavy", "-w", ckpt_paths[3],
+                                                   "--json")[1].splitlines()]  # fmt: skip
+    assert [r["psnr_in"] for r in again] == [r["psnr_in"] for r in rows]  # seeded per image
+    code, _, err = run_cli("evaluate", clean, "--noise", "camera:huge", "-w", ckpt_paths[3])
+    assert code == 2 and "camera:LEVEL" in err

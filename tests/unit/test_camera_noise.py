@@ -1,0 +1,51 @@
+"""The camera noise model: seeded, levels in the promised ranges, signal through unchanged without
+noise, noise that is correlated between neighbours unlike AWGN."""
+
+import numpy as np
+import pytest
+
+from indeed_cli.metrics import psnr
+from indeed_cli.tasks.camera_noise import LEVELS, camera_pair, parse_noise
+
+
+@pytest.fixture
+def image():
+    """A smooth colour image with an edge: in the cameras' gamut, as photographs mostly are."""
+    y, x = np.mgrid[0:96, 0:128] / 128.0
+    img = np.stack([0.2 + 0.5 * x, 0.3 + 0.4 * y, 0.6 - 0.3 * x * y]).astype(np.float32)
+    img[:, 40:60, 50:90] *= 0.5
+    return img
+
+
+def test_seeded_and_levels_ordered(image):
+    a, ref = camera_pair(image, "medium", seed=3)
+    b, _ = camera_pair(image, "medium", seed=3)
+    c, _ = camera_pair(image, "medium", seed=4)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c) and a.dtype == np.float32 and a.shape == image.shape
+    snr = {lv: np.mean([psnr(camera_pair(image, lv, seed=s)[0], ref) for s in range(4)]) for lv in LEVELS}
+    assert snr["light"] > snr["medium"] > snr["heavy"]
+    assert 33 < snr["light"] < 45 and 17 < snr["heavy"] < 27
+
+
+def test_without_noise_the_pipeline_returns_the_image(image):
+    _, ref = camera_pair(image, "heavy", seed=0)
+    assert psnr(ref, image) > 45  # only 8-bit rounding (and colours outside a camera's gamut) differ
+    noisy, ref_gray = camera_pair(image[:1], "light", seed=0)
+    assert noisy.shape == ref_gray.shape == (1, 96, 128)
+
+
+def test_noise_is_correlated_between_neighbours_unlike_awgn(image):
+    noisy, ref = camera_pair(image, "heavy", seed=1)
+    n = (noisy - ref)[1]
+    corr = np.corrcoef(n[:, :-1].ravel(), n[:, 1:].ravel())[0, 1]
+    assert corr > 0.15  # the demosaic spreads each raw pixel's noise over its neighbours
+    noisy_j, _ = camera_pair(image, "heavy", seed=1, jpeg=True)
+    assert not np.array_equal(noisy_j, noisy)
+
+
+def test_noise_spec_parsing():
+    assert parse_noise("camera:heavy") == ("heavy", False) and parse_noise("camera:light+jpeg") == ("light", True)
+    for bad in ("camera", "camera:huge", "gauss:light", "camera:light+png"):
+        with pytest.raises(ValueError):
+            parse_noise(bad)
