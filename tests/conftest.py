@@ -15,6 +15,10 @@ from indeed_cli.model import InDeed, ModelConfig, save_checkpoint
 torch.set_num_threads(1)
 
 
+# `indeed train` options that make the network of tiny_config and train it in a moment
+TINY_TRAIN = ["--rank", "4", "--sparse-width", "8", "--lowrank-width", "8", "--patch", "32", "--batch", "2"]
+
+
 def tiny_config(channels: int = 3, **kw) -> ModelConfig:
     base = dict(
         channels=channels,

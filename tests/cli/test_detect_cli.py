@@ -1,11 +1,10 @@
 """`indeed train --task detect` then `indeed detect`, end to end on tiny data."""
 
 import numpy as np
+from conftest import TINY_TRAIN, write_png
 
 
 def test_train_detect_end_to_end(tmp_path, run_cli, rng):
-    from conftest import write_png
-
     from indeed_cli.model import read_metadata
 
     d = tmp_path / "normal"
@@ -22,16 +21,7 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
         "2",
         "--channels",
         "1",
-        "--rank",
-        "4",
-        "--sparse-width",
-        "8",
-        "--lowrank-width",
-        "8",
-        "--patch",
-        "32",
-        "--batch",
-        "2",
+        *TINY_TRAIN,
         "--steps",
         "3",
         "--out",
@@ -54,16 +44,7 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
         "2",
         "--channels",
         "1",
-        "--rank",
-        "4",
-        "--sparse-width",
-        "8",
-        "--lowrank-width",
-        "8",
-        "--patch",
-        "32",
-        "--batch",
-        "2",
+        *TINY_TRAIN,
         "--steps",
         "2",
         "--anomalies",

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import tiny_model, write_png
+from conftest import TINY_TRAIN, tiny_model, write_png
 from PIL import Image
 
 from indeed_cli.model import load_checkpoint, save_checkpoint
@@ -79,8 +79,7 @@ def test_detect_says_when_it_flags_nothing(run_cli, tmp_path, rng):
 
 
 def test_training_warns_about_a_barely_trained_model_and_reruns_do_nothing(run_cli, folder, tmp_path):
-    args = ["train", "--data", folder, "--out", tmp_path / "run", "--rank", "4", "--sparse-width", "8",
-            "--lowrank-width", "8", "--patch", "32", "--batch", "2", "--steps", "3", "--val-count", "1",
+    args = ["train", "--data", folder, "--out", tmp_path / "run", *TINY_TRAIN, "--steps", "3", "--val-count", "1",
             "--ood-samples", "16", "-q"]  # fmt: skip
     code, _, err = run_cli(*args)
     assert code == 0 and "barely trained" in err and "saved" in err

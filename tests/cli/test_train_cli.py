@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from conftest import tiny_config, write_png
+from conftest import TINY_TRAIN, tiny_config, write_png
 
 from indeed_cli.tasks.training import (
     TrainConfig,
@@ -137,16 +137,7 @@ def test_train_denoise_scale_augmentation_leaves_out_copies_smaller_than_the_pat
         "1",
         "--scales",
         "1,0.75,0.5",
-        "--sparse-width",
-        "8",
-        "--lowrank-width",
-        "8",
-        "--rank",
-        "4",
-        "--patch",
-        "32",
-        "--batch",
-        "2",
+        *TINY_TRAIN,
         "--steps",
         "2",
         "--val-count",
