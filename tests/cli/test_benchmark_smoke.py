@@ -49,6 +49,19 @@ def test_denoise_benchmark(tmp_path, rng, ckpt_paths):
     assert "CBSD68" in out and "Set12" in out
 
 
+def test_rank_agreement_helpers():
+    sys.path.insert(0, str(BENCH))
+    from lowrank import spearman, svd_rank
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 2, 3], [5, 6, 7, 8]) == pytest.approx(np.corrcoef([1.5, 1.5, 3, 4], [1, 2, 3, 4])[0, 1])
+    r = np.random.default_rng(0)
+    low = r.standard_normal((256, 3)) @ r.standard_normal((3, 256))  # rank 3 in every 128 x 128 tile
+    assert svd_rank(low[None]) == 3.0
+    assert svd_rank(r.standard_normal((1, 128, 128))) > 100  # noise needs almost every component
+
+
 def test_lowrank_and_speed_benchmarks(tmp_path, rng, ckpt_paths):
     (tmp_path / "clean").mkdir()
     write_png(tmp_path / "clean" / "a.png", rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
