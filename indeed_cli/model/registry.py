@@ -20,13 +20,23 @@ from .checkpoint import CheckpointError, read_metadata
 
 BUNDLED = {1: "indeed-denoise-gray.safetensors", 3: "indeed-denoise-color.safetensors"}
 BUNDLED_DETECT = "indeed-detect-magnetic-tile.safetensors"  # gray; runs per channel on colour images
+# the colour model fine-tuned on full-chroma photographs: better on them, but InDeedAG in bf16 no
+# longer gains on real camera noise with it, so it is not the default (weights/README.md)
+BUNDLED_FULLCHROMA = "indeed-denoise-color-fullchroma.safetensors"
 # the name `indeed models` shows for each bundled file: the shortest one --weights takes
-SHORT_NAMES = {BUNDLED[1]: "gray", BUNDLED[3]: "color", BUNDLED_DETECT: "magnetic-tile"}
+SHORT_NAMES = {
+    BUNDLED[1]: "gray",
+    BUNDLED[3]: "color",
+    BUNDLED_FULLCHROMA: "color-fullchroma",
+    BUNDLED_DETECT: "magnetic-tile",
+}
 BUNDLED_NAMES = {
     "gray": BUNDLED[1],
     "grey": BUNDLED[1],
     "color": BUNDLED[3],
     "colour": BUNDLED[3],
+    "color-fullchroma": BUNDLED_FULLCHROMA,
+    "colour-fullchroma": BUNDLED_FULLCHROMA,
     "magnetic-tile": BUNDLED_DETECT,
 }
 
