@@ -161,6 +161,7 @@ def main() -> None:
     methods = a.methods.split(",")
     forms = a.forms.split(",")
     makers = {m: method_maker(m, a) for m in methods}
+    loaded: dict[tuple[str, int], object] = {}  # (method, channels) -> its function, loaded once
     sets = {name: (Path(a.data) / name, SETS[name]) for name in a.sets.split(",") if name}
     for spec in a.extra_set:
         name, _, where = spec.partition("=")
@@ -179,7 +180,7 @@ def main() -> None:
             set_name = base_name if chroma == "444" else f"{base_name} 4:2:0"
             set_names.append(set_name)
             cleans = originals if chroma == "444" else [(n, chroma_420(x)) for n, x in originals]
-            _score_set(a, set_name, channels, cleans, methods, makers, forms, sigmas, rows, timing)
+            _score_set(a, set_name, channels, cleans, methods, makers, loaded, forms, sigmas, rows, timing)
     cmd = "python " + " ".join(sys.argv)
     print(
         f"\nCommand: `{cmd}`  \nMachine: {cpu_name()}, {__import__('os').cpu_count()} cores, torch threads "
@@ -201,7 +202,7 @@ def main() -> None:
         )
 
 
-def _score_set(a, set_name, channels, cleans, methods, makers, forms, sigmas, rows, timing) -> None:
+def _score_set(a, set_name, channels, cleans, methods, makers, loaded, forms, sigmas, rows, timing) -> None:
     """Score each method on one set at every form and sigma; rows go to ``rows`` and stderr."""
     for m in methods:
         if m.startswith("ffdnet-kair") and channels != 3:

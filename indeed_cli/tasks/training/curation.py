@@ -55,6 +55,13 @@ def soften(gray: torch.Tensor) -> torch.Tensor:
     return F.conv2d(x, (k[:, None] * k[None, :])[None, None])[0, 0]
 
 
+def is_refined(f: float, side: int) -> bool:
+    """Whether factor ``f`` of a test image with shorter side ``side`` is above the coarse level:
+    there both thumbnails are softened, since a peak located on the coarse grid is off by a
+    fraction of a pixel."""
+    return f > TEMPLATE / side
+
+
 def pixel_digest(im: Image.Image) -> str:
     """sha256 of the decoded RGB pixels and size: the same picture re-encoded digests the same."""
     rgb = im.convert("RGB")
@@ -172,25 +179,22 @@ class LeakIndex:
         if key not in self.thumbs:
             test = self.grays[i][:, ::-1] if flipped else self.grays[i]
             t = torch.from_numpy(shrink(np.ascontiguousarray(test), f).copy())
-            # a peak located on a coarse grid is off by a fraction of a pixel
-            self.thumbs[key] = soften(t) if f > TEMPLATE / min(test.shape) else t
+            self.thumbs[key] = soften(t) if is_refined(f, min(test.shape)) else t
         return self.thumbs[key]
 
     @staticmethod
     def _search(cand_at, test_at, side, scale, f, near, floor):
         """Best correlation of the test image shrunk by ``f`` (``test_at(f)``; its shorter side is
-        ``side``) in the candidate shrunk by ``f * scale``: everywhere (``near`` None) or within a few
-        pixels of a peak found at a coarser level (``near`` = ((y, x), ratio of the factors)).
-        (score, (y, x)), or (None, None) below ``floor``."""
+        ``side``) in the candidate shrunk by ``f * scale``, within a few pixels of the peak found at
+        the coarser level (``near`` = ((y, x), ratio of the factors)).  (score, (y, x)), or
+        (None, None) below ``floor``.  The coarse level itself is searched in :meth:`check`."""
         t = test_at(f)
-        c = cand_at(f * scale, f > TEMPLATE / side)
+        c = cand_at(f * scale, is_refined(f, side))
         th, tw = t.shape
-        y0 = x0 = 0
-        if near is not None:
-            (y, x), ratio = near
-            r = int(np.ceil(ratio)) + 2
-            y0, x0 = max(0, round(y * ratio) - r), max(0, round(x * ratio) - r)
-            c = c[y0 : y0 + th + 2 * r, x0 : x0 + tw + 2 * r]
+        (y, x), ratio = near
+        r = int(np.ceil(ratio)) + 2
+        y0, x0 = max(0, round(y * ratio) - r), max(0, round(x * ratio) - r)
+        c = c[y0 : y0 + th + 2 * r, x0 : x0 + tw + 2 * r]
         if c.shape[0] < th or c.shape[1] < tw:
             return None, None
         m = ncc_map(c, t[None])[0]
@@ -270,10 +274,9 @@ def build_training_set(
     (``holdout``: the share of source images held out), and ``out/manifest.json``.
 
     Each image is checked against the images already taken (exact pixel duplicates), downscaled
-    by ``downscale`` (area filter: 0.5 turns 4:2:0 JPEG chroma into
-    full-resolution chroma and averages compression artefacts away), checked against ``tests``, then
-    cut into ``crop``²
-    tiles (0: whole), at most ``max_crops`` a source (0: all).  Returns the manifest.
+    by ``downscale`` (area filter: 0.5 turns 4:2:0 JPEG chroma into full-resolution chroma and
+    averages compression artefacts away), checked against ``tests``, then cut into ``crop``² tiles
+    (0: whole), at most ``max_crops`` a source (0: all).  Returns the manifest.
     """
     if not 0 < downscale <= 1:
         raise ValueError(f"downscale must be in (0, 1], got {downscale}")
