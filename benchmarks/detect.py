@@ -2,18 +2,22 @@
 """Anomaly detection on magnetic tiles: pixel AUROC, pixel AP and image AUROC, per defect class
 and overall, for InDeed and two baselines side by side:
 
-  rpca     classical robust PCA of each image (low-rank + sparse, inexact ALM), map = |S|
-  nobayes  the same network trained without l_fid, l_rank, l_sparse (paper ablation #9)
+  rpca       classical robust PCA of each image (low-rank + sparse, inexact ALM), map = |S|
+  nobayes    the same network trained without l_fid, l_rank, l_sparse (paper ablation #9)
+  patchcore  an ImageNet-feature peer (benchmarks/patchcore.py: EfficientNet-Lite0, memory bank of
+             the normal training images of benchmarks/mt_split.py, or ``--peer-normal``)
 
     python benchmarks/detect.py --data ../shared/data/anomaly/magnetic-tile \
         --weights weights/indeed-detect-magnetic-tile.safetensors --nobayes NOBAYES.safetensors
 
 Normal evaluation images are the MT_Free images that benchmarks/mt_split.py puts in 'eval'
 (never trained on, never used for the threshold), or those listed in ``--normal``.  Every map is
-smoothed the same way (indeed_cli.tasks.detection.anomaly_map_from_sparse) and scored by the same image
-score (``--score``, default the current one); network maps are read out at the checkpoint's scales
-(``--scales`` overrides them).
+read out as the detector defines it (|mu_S| smoothed, or the support posterior q(z = 1) of f_thetaM)
+and scored by its own image score (``--score`` sets one for all); network maps are read out at the
+checkpoint's scales (``--scales`` overrides them).
 Several detectors side by side: ``--weights NAME=PATH,NAME=PATH`` and ``--methods NAME,...``.
+Rows "half A" / "half B" split every class (and the normal images) by the parity of the image's
+index: choose on one half, check on the other.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from indeed_cli.tasks.detection import (  # noqa: E402
 from indeed_cli.tasks.training import list_images  # noqa: E402
 
 DEFECTS = ["MT_Blowhole", "MT_Break", "MT_Crack", "MT_Fray", "MT_Uneven"]
+HALVES = {"half A": 0, "half B": 1}
 
 
 def rpca_sparse(Y: np.ndarray, max_iter: int = 100, tol: float = 1e-6) -> np.ndarray:
@@ -91,10 +96,18 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
         "--score",
-        default=DEFAULT_SCORE,
+        default=None,
         choices=sorted(SCORE_DEFINITIONS),
-        help="image score for every method (default: the current one, whatever each checkpoint stores)",
+        help="image score for every network (default: each checkpoint's own; rpca: top5)",
     )
+    ap.add_argument("--peer-scale", type=float, default=1.0, help="patchcore: input scale")
+    ap.add_argument(
+        "--peer-normal",
+        default=None,
+        help="patchcore: folder or .txt list of normal images for its memory bank (default: the "
+        "'train' split of DATA/MT_Free, at most --peer-count of them)",
+    )
+    ap.add_argument("--peer-count", type=int, default=400)
     ap.add_argument("--limit", type=int, default=0, help="first N images per folder (0 = all)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -102,12 +115,24 @@ def main() -> None:
     items = [(c, p) for c in DEFECTS for p in sorted((root / c).glob("*.jpg"))[: a.limit or None]]
     normal = list_images(a.normal) if a.normal else split(root / "MT_Free")["eval"]
     items += [("normal", p) for p in normal[: a.limit or None]]
+    half = [sum(c == cls for c, _ in items[:i]) % 2 for i, (cls, _) in enumerate(items)]  # index parity per class
     methods = a.methods.split(",")
     dev = resolve_device(a.device)
     named = dict(w.split("=", 1) if "=" in w else ("indeed", w) for w in a.weights.split(","))
     if a.nobayes:
         named["nobayes"] = a.nobayes
-    models = {m: load_checkpoint(named[m], dev) for m in methods if m != "rpca"}
+    models = {m: load_checkpoint(named[m], dev) for m in methods if m not in ("rpca", "patchcore")}
+    peer = None
+    if "patchcore" in methods:
+        from patchcore import PatchCore
+
+        bank = list_images(a.peer_normal) if a.peer_normal else split(root / "MT_Free")["train"]
+        bank = bank[:: max(1, len(bank) // a.peer_count)][: a.peer_count]
+        peer = PatchCore(str(dev), a.peer_scale)
+        t0 = time.perf_counter()
+        peer.fit([read_image(p).data for p in bank])
+        print(f"patchcore: memory bank {tuple(peer.bank.shape)} from {len(bank)} images, "
+              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)  # fmt: skip
     scales = parse_scales(a.scales) if a.scales else None  # the CLI's rule: distinct, in (0, 1]
     for m, ck in models.items():
         print(f"{m}: {ck.source}, scales {scales or readout_scales(ck)}", file=sys.stderr)
@@ -119,7 +144,10 @@ def main() -> None:
             img = read_image(p)
             if m == "rpca":
                 amap = anomaly_map_from_sparse(rpca_sparse(img.data.mean(0).astype(np.float64))[None])
-                score = image_score(amap, a.score)
+                score = image_score(amap, a.score or DEFAULT_SCORE)
+            elif m == "patchcore":
+                amap = peer.anomaly_map(img.data)
+                score = float(amap.max())
             else:
                 det = detect(models[m], img, scales=scales, score=a.score)
                 amap, score = det.anomaly_map, det.score
@@ -134,6 +162,10 @@ def main() -> None:
         for cls in ["all"] + DEFECTS:
             sel = [i for i, c in enumerate(classes) if cls == "all" or c in (cls, "normal")]
             row[cls] = detection_metrics(maps, masks, scores, labels, sel)
+        for name, parity in HALVES.items():
+            row[name] = detection_metrics(
+                maps, masks, scores, labels, [i for i in range(len(items)) if half[i] == parity]
+            )
         results[m] = row
         print(json.dumps({m: row["all"], "s/img": round(secs, 3)}), file=sys.stderr, flush=True)
     print(
@@ -143,7 +175,7 @@ def main() -> None:
     )
     print("| method | subset | pixel AUROC | pixel AP | image AUROC |\n|---|---|---|---|---|")
     for m in methods:
-        for cls in ["all"] + DEFECTS:
+        for cls in ["all"] + DEFECTS + list(HALVES):
             r = results[m][cls]
             print(f"| {m} | {cls} (+ normal) | {r['pixel_auroc']:.4f} | {r['pixel_ap']:.4f} | {r['image_auroc']:.4f} |")
     print(f"\n| method | s / image ({a.device}) |\n|---|---|")

@@ -11,7 +11,16 @@ The package goes in layers, each importing only those before it:
 io, metrics <- model <- inference <- tasks <- pipelines <- cli.
 """
 
-from .inference import Decomposed, InferenceOptions, decompose, denoise, load_model, resolve_device, sparse_mean
+from .inference import (
+    Decomposed,
+    InferenceOptions,
+    decompose,
+    denoise,
+    load_model,
+    resolve_device,
+    sparse_mean,
+    support_probability,
+)
 from .io import ImageError, LoadedImage, read_image, write_image
 from .model import (
     Checkpoint,
@@ -74,6 +83,7 @@ __all__ = [
     "resolve_weights",
     "save_checkpoint",
     "sparse_mean",
+    "support_probability",
     "train",
     "write_image",
 ]

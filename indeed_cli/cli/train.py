@@ -89,6 +89,19 @@ def train_cmd(
     sparse_levels: Annotated[
         int, typer.Option("--sparse-levels", metavar="N", help="U-Net scales (inputs padded to 2**levels).")
     ] = ModelConfig.sparse_levels,
+    support_width: Annotated[
+        int | None,
+        typer.Option(
+            "--support-width",
+            metavar="N",
+            help="detect: width of f_thetaM, the support posterior whose "
+            "probability is the anomaly map (0, the default: none, the map is |mu_S|). "
+            "With --init, gives a trained detector a fresh f_thetaM (32 did best; docs/guide/detect.md).",
+        ),
+    ] = None,
+    support_levels: Annotated[
+        int, typer.Option("--support-levels", metavar="N", help="detect: U-Net scales of f_thetaM.")
+    ] = ModelConfig.support_levels,
     sparse_input: Annotated[
         str | None,
         typer.Option(
@@ -186,6 +199,8 @@ def train_cmd(
         "sparse_levels": sparse_levels,
         "lowrank_width": lowrank_width,
         **({"sparse_input": sparse_input} if sparse_input else {}),
+        **({"support_width": support_width} if support_width is not None else {}),
+        "support_levels": support_levels,
     }
     settings = {
         "steps": steps,

@@ -4,7 +4,16 @@ Layer 2 of the package: imports :mod:`indeed_cli.model` and :mod:`indeed_cli.io`
 """
 
 from .channels import ChannelAdapter, as_model_channels, training_channels
-from .decomposition import Decomposed, as_image, decompose, denoise, denoise_with_stats, n_tiles, sparse_mean
+from .decomposition import (
+    Decomposed,
+    as_image,
+    decompose,
+    denoise,
+    denoise_with_stats,
+    n_tiles,
+    sparse_mean,
+    support_probability,
+)
 from .runtime import InferenceOptions, load_model, native_bf16, network_for, resolve_device, resolve_precision
 from .tiling import TileGrid, reflect_index, tiled_apply
 
@@ -26,6 +35,7 @@ __all__ = [
     "resolve_device",
     "resolve_precision",
     "sparse_mean",
+    "support_probability",
     "tiled_apply",
     "training_channels",
 ]

@@ -71,7 +71,8 @@ class Decomposed:
 
 def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceOptions) -> Callable:
     """Per-tile function; ``outputs`` is "denoise" (L + S), "denoise+stats" (L + S and the per-tile
-    l_rank, l_sparse that the OOD score reads), "sparse" (mu_S) or "full" (all maps).
+    l_rank, l_sparse that the OOD score reads), "sparse" (mu_S), "support" (q(z = 1) of f_thetaM)
+    or "full" (all maps).
     Tiles stay fp32 at any precision: the network casts them where its weights are bf16."""
     model, priors = network_for(ckpt, opts.precision, opts.compile), ckpt.config.priors
     adapter = ChannelAdapter(ckpt.config.channels, image_c)
@@ -82,6 +83,10 @@ def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceO
         d = model(Y, sample=False).float()
         if outputs == "sparse":
             return {"S": from_model(d.mu_S)}
+        if outputs == "support":
+            if d.support_logit is None:
+                raise ValueError("this model has no support posterior (f_thetaM)")
+            return {"P": torch.sigmoid(d.support_logit)}
         X = d.L_hat + d.mu_S
         if outputs == "denoise":
             return {"X": from_model(X)}
@@ -109,6 +114,7 @@ def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceO
             "mu_lambda": from_model(mu_lambda),
             "mu_gamma": mu_gamma.reshape(B, -1, mu_gamma.shape[-1]),
             "rank_index": P.rank_index(a_g, b_g).reshape(B, -1).float(),
+            "counted": P.rank_components(a_g, b_g).reshape(B, -1, mu_gamma.shape[-1]).float(),
             **stats,
         }
 
@@ -200,6 +206,14 @@ def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, p
     data, _ = as_image(image)
     maps, _ = _run(ckpt, data, "sparse", opts or InferenceOptions(), progress)
     return maps["S"].numpy()
+
+
+def support_probability(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
+    """q(z = 1), the posterior probability that each pixel is in the support of S (f_thetaM of a
+    detector that has one), float32 (h, w) in [0, 1]."""
+    data, _ = as_image(image)
+    maps, _ = _run(ckpt, data, "support", opts or InferenceOptions(), progress)
+    return maps["P"].numpy()[0]
 
 
 def decompose(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> Decomposed:

@@ -48,12 +48,15 @@ class ModelConfig:
     # as extra input channels (a deviation measured in docs/model.md)
     sparse_input: str = "residual"
     groups: int = 8
+    # f_thetaM (detection): U-Net on (Y, mu_L, mu_S) -> q(support of S); 0 = no such module
+    support_width: int = 0
+    support_levels: int = 3
     priors: Priors = field(default_factory=Priors)
 
     @property
     def multiple(self) -> int:
         """Spatial sizes the network accepts must be multiples of this."""
-        return 2**self.sparse_levels
+        return 2 ** max(self.sparse_levels, self.support_levels if self.support_width else 0)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -80,5 +83,9 @@ class ModelConfig:
             raise ValueError(f"sparse_input must be one of {SPARSE_INPUTS}, got {self.sparse_input!r}")
         if self.rank < 1:
             raise ValueError("rank must be positive")
+        if self.support_width and self.task != "detect":
+            raise ValueError("a support module (support_width > 0) belongs to detection models")
+        if self.support_width < 0 or self.support_levels < 1:
+            raise ValueError("support_width must be >= 0 and support_levels >= 1")
         if self.lowrank_width % self.groups or self.sparse_width % self.groups:
             raise ValueError("widths must be multiples of groups")

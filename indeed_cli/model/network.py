@@ -105,35 +105,27 @@ class LowRankModule(nn.Module):
         return mu_A, sigma_A, mu_B, sigma_B
 
 
-class SparseModule(nn.Module):
-    """f_thetaS: (Y - A B^T) -> mu_S, sigma_S, a U-Net at 1/2, 1/4, 1/8 resolution.
+class UNet(nn.Module):
+    """The U-Net body shared by f_thetaS and f_thetaM: at 1/2 resolution after a pixel-unshuffle,
+    then 1/4, 1/8, ...; residual blocks without normalisation, so that it is a local operator and
+    tiles agree.  ``head`` gives ``out_ch`` channels at 1/2 resolution (pixel-shuffled by the caller)."""
 
-    With ``sparse_input="residual+lowrank"`` it also sees A B^T (extra input channels).
-    """
-
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, in_ch: int, out_ch: int, width: int, blocks: int, levels: int):
         super().__init__()
-        C, w, nb, lv = cfg.channels, cfg.sparse_width, cfg.sparse_blocks, cfg.sparse_levels
-        widths = [w * 2**i for i in range(lv)]
-        self.sees_lowrank = cfg.sparse_input == "residual+lowrank"
-        self.stem = nn.Conv2d(4 * C * (2 if self.sees_lowrank else 1), widths[0], 3, padding=1)
-        self.enc = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(nb)]) for c in widths[:-1])
-        self.down = nn.ModuleList(nn.Conv2d(widths[i], widths[i + 1], 2, stride=2) for i in range(lv - 1))
-        self.mid = nn.Sequential(*[ResBlock(widths[-1]) for _ in range(nb)])
-        self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in range(lv - 1))
-        self.dec = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(nb)]) for c in widths[:-1])
-        self.head = nn.Conv2d(widths[0], 2 * 4 * C, 3, padding=1)
-        with torch.no_grad():  # S starts near zero: the residual is mostly noise at first
-            self.head.weight.mul_(0.1)
+        widths = [width * 2**i for i in range(levels)]
+        self.stem = nn.Conv2d(in_ch, widths[0], 3, padding=1)
+        self.enc = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(blocks)]) for c in widths[:-1])
+        self.down = nn.ModuleList(nn.Conv2d(widths[i], widths[i + 1], 2, stride=2) for i in range(levels - 1))
+        self.mid = nn.Sequential(*[ResBlock(widths[-1]) for _ in range(blocks)])
+        self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in range(levels - 1))
+        self.dec = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(blocks)]) for c in widths[:-1])
+        self.head = nn.Conv2d(widths[0], out_ch, 3, padding=1)
 
-    def forward(self, R: Tensor, L: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        if self.sees_lowrank:
-            if L is None:
-                raise ValueError("this sparse module also needs the low-rank part A B^T")
-            R = torch.cat([R, L], 1)
+    def body(self, x: Tensor) -> Tensor:
+        """Full-resolution input (N, in_ch/4, h, w) -> head output (N, out_ch/4, h, w)."""
         # the input in the weights' precision: bf16 weights (grouped adaptation in bf16, bf16
-        # inference) get a bf16 copy of the fp32 residual, as autocast would give them; a no-op otherwise
-        x = self.stem(F.pixel_unshuffle(R, 2).to(self.stem.weight.dtype))
+        # inference) get a bf16 copy of the fp32 input, as autocast would give them; a no-op otherwise
+        x = self.stem(F.pixel_unshuffle(x, 2).to(self.stem.weight.dtype))
         skips = []
         for enc, down in zip(self.enc, self.down):
             x = enc(x)
@@ -142,9 +134,49 @@ class SparseModule(nn.Module):
         x = self.mid(x)
         for i in reversed(range(len(self.up))):
             x = self.dec[i](self.up[i](x) + skips[i])
-        out = F.pixel_shuffle(self.head(x), 2)  # (N, 2C, h, w)
+        return F.pixel_shuffle(self.head(x), 2)
+
+
+class SparseModule(UNet):
+    """f_thetaS: (Y - A B^T) -> mu_S, sigma_S, a U-Net at 1/2, 1/4, 1/8 resolution.
+
+    With ``sparse_input="residual+lowrank"`` it also sees A B^T (extra input channels).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        C = cfg.channels
+        self.sees_lowrank = cfg.sparse_input == "residual+lowrank"
+        super().__init__(
+            4 * C * (2 if self.sees_lowrank else 1), 2 * 4 * C, cfg.sparse_width, cfg.sparse_blocks, cfg.sparse_levels
+        )
+        with torch.no_grad():  # S starts near zero: the residual is mostly noise at first
+            self.head.weight.mul_(0.1)
+
+    def forward(self, R: Tensor, L: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.sees_lowrank:
+            if L is None:
+                raise ValueError("this sparse module also needs the low-rank part A B^T")
+            R = torch.cat([R, L], 1)
+        out = self.body(R)  # (N, 2C, h, w)
         mu, raw = out.float().chunk(2, dim=1)  # sigma from fp32 whatever the network's precision
         return mu, positive(raw)
+
+
+class SupportModule(UNet):
+    """f_thetaM: (Y, mu_L, mu_S) -> logit of q(z = 1), z = 1{S != 0}: the posterior probability that
+    a pixel is in the support of S (docs/model.md, "The support posterior").  Trained with the
+    focal loss on the masks of synthetic anomalies (:func:`~indeed_cli.model.posteriors.support_focal_loss`);
+    its inputs are detached, so it never changes L, S or N."""
+
+    def __init__(self, cfg: ModelConfig):
+        C = cfg.channels
+        super().__init__(4 * 3 * C, 4, cfg.support_width, cfg.sparse_blocks, cfg.support_levels)
+        with torch.no_grad():  # start at q(z = 1) ~ 0.05: most pixels are normal
+            self.head.weight.mul_(0.1)
+            self.head.bias.fill_(-3.0)
+
+    def forward(self, Y: Tensor, L: Tensor, S: Tensor) -> Tensor:
+        return self.body(torch.cat([Y, L, S], 1)).float()  # (N, 1, h, w) logits, fp32
 
 
 @dataclass
@@ -161,9 +193,10 @@ class Decomposition:
     B_hat: Tensor
     L_hat: Tensor  # A_hat B_hat^T
     S_hat: Tensor
+    support_logit: Tensor | None = None  # f_thetaM's logit of q(z = 1), if the model has it
 
     def float(self) -> Decomposition:
-        return Decomposition(**{k: v.float() for k, v in self.__dict__.items()})
+        return Decomposition(**{k: None if v is None else v.float() for k, v in self.__dict__.items()})
 
 
 class InDeed(nn.Module):
@@ -179,6 +212,7 @@ class InDeed(nn.Module):
         self.cfg = cfg
         self.lowrank = LowRankModule(cfg)
         self.sparse = SparseModule(cfg)
+        self.support = SupportModule(cfg) if cfg.support_width else None
 
     def detached_copy(self, dtype: torch.dtype = torch.float32) -> InDeed:
         """A deep copy in ``dtype`` with weights of its own (adaptation, bf16 inference)."""
@@ -210,4 +244,8 @@ class InDeed(nn.Module):
         L_hat = low_rank(A_hat, B_hat)
         mu_S, sigma_S = self.sparse(Y - L_hat, L_hat)
         S_hat = mu_S + sigma_S * standard_normal(mu_S) if sample else mu_S
-        return Decomposition(mu_A, sigma_A, mu_B, sigma_B, mu_S, sigma_S, A_hat, B_hat, L_hat, S_hat)
+        logit = None
+        if self.support is not None:  # from the posterior means, detached: f_thetaM reads L and S only
+            mu_L = low_rank(mu_A, mu_B) if sample else L_hat
+            logit = self.support(Y, mu_L.detach(), mu_S.detach())
+        return Decomposition(mu_A, sigma_A, mu_B, sigma_B, mu_S, sigma_S, A_hat, B_hat, L_hat, S_hat, logit)

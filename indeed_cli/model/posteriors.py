@@ -24,6 +24,7 @@ minimiser; the paper's parameterisation is its double.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .config import Priors
@@ -142,6 +143,32 @@ def anomaly_supervision_loss(L_hat: Tensor, S_hat: Tensor, U_N: Tensor, U_A: Ten
     return 0.5 * sigma0 * ((L_hat - U_N).square() + (S_hat - U_A).square()).flatten(1).sum(1)
 
 
+SUPPORT_FOCAL_GAMMA = 2.0
+
+
+def support_target(mask: Tensor, U_A: Tensor, min_change: float = 1.5 / 255) -> Tensor:
+    """z = 1{S != 0} of a synthetic anomaly: its mask, set to 0 for a patch whose anomaly changes the
+    image by less than ``min_change`` on average inside the mask (invisible, so not in the support).
+    ``mask`` (N, 1, h, w) in [0, 1] (soft at feathered edges), ``U_A`` (N, C, h, w)."""
+    area = mask.flatten(1).sum(1).clamp(min=1.0)
+    change = (U_A.abs().mean(1, keepdim=True) * mask).flatten(1).sum(1) / area
+    return mask * (change >= min_change).to(mask.dtype)[:, None, None, None]
+
+
+def support_focal_loss(logit: Tensor, z: Tensor, gamma: float = SUPPORT_FOCAL_GAMMA) -> Tensor:
+    """l_M, docs/model.md Eq. (support focal loss), summed over pixels, per sample (N,):
+
+        l_M = -sum_ij [ z (1 - p)^gamma log p + (1 - z) p^gamma log(1 - p) ],  p = q(z_ij = 1) = sigmoid(logit)
+
+    the focal loss (Lin et al. 2017, as DRAEM trains its segmentation network) of f_thetaM's
+    support posterior against the synthetic support z (soft at feathered edges)."""
+    logit = logit.float()
+    p = torch.sigmoid(logit)
+    log_p, log_not_p = F.logsigmoid(logit), F.logsigmoid(-logit)
+    loss = -(z * (1 - p).pow(gamma) * log_p + (1 - z) * p.pow(gamma) * log_not_p)
+    return loss.flatten(1).sum(1)
+
+
 # --------------------------------------------------------------- interpretation
 def low_rank_moments(mu_A: Tensor, sigma_A: Tensor, mu_B: Tensor, sigma_B: Tensor) -> tuple[Tensor, Tensor]:
     """Posterior mean and standard deviation of L = A B^T under q(A) q(B) (paper §4.6).
@@ -159,19 +186,25 @@ def low_rank_moments(mu_A: Tensor, sigma_A: Tensor, mu_B: Tensor, sigma_B: Tenso
     return mean, var.clamp_min(0).sqrt()
 
 
-def rank_index(alpha: Tensor, beta: Tensor, rel_threshold: float = 0.01, prob: float = 0.95) -> Tensor:
-    """Estimated rank n = |{i : p(gamma_i^-1 > t) > prob}| (paper §4.6).
+def rank_components(alpha: Tensor, beta: Tensor, rel_threshold: float = 0.01, prob: float = 0.95) -> Tensor:
+    """The rank-one components the rank index counts: p(gamma_i^-1 > t) > prob (paper §4.6).
 
     The paper leaves t open; we take t = rel_threshold * max_i E[gamma_i^-1] per
     channel, i.e. a component counts when its variance is at least 1% of the
-    strongest one's with 95% posterior probability.  Returns (N, C) integers.
+    strongest one's with 95% posterior probability.  Returns (N, C, r) booleans.
     p(gamma^-1 > t) = p(gamma < 1/t) = P(alpha, beta / t), the regularised lower
     incomplete gamma function.
     """
     inv_mean = beta / (alpha - 1).clamp_min(EPS)  # E[1/gamma] for alpha > 1
     t = rel_threshold * inv_mean.amax(-1, keepdim=True)
     p = torch.special.gammainc(alpha.double(), (beta / t).double())
-    return (p > prob).sum(-1)
+    return p > prob
+
+
+def rank_index(alpha: Tensor, beta: Tensor, rel_threshold: float = 0.01, prob: float = 0.95) -> Tensor:
+    """Estimated rank n = |{i : p(gamma_i^-1 > t) > prob}| (paper §4.6), (N, C) integers: the
+    number of :func:`rank_components`."""
+    return rank_components(alpha, beta, rel_threshold, prob).sum(-1)
 
 
 def collapsed_objective(d, Y: Tensor, modules: str, priors: Priors = Priors(), pooled_noise: bool = True) -> Tensor:

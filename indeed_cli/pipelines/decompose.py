@@ -77,7 +77,8 @@ def write_decomposition(
     if with_panel and "panel" in files:
         title = f"{src.name}  (rank index n = {record['rank_index']:.0f} of {dec.tiles['mu_gamma'].shape[-1]})"
         note = PANEL_NOTE
-        figure = panel(dec.Y, dec.maps["L"] + dec.maps["S"], shown, title, note, img.scale)
+        gamma = (dec.tiles["mu_gamma"], dec.tiles["counted"]) if "counted" in dec.tiles else None
+        figure = panel(dec.Y, dec.maps["L"] + dec.maps["S"], shown, title, note, img.scale, gamma)
         atomic_save(figure, files["panel"])
     atomic_write_via(files["json"], lambda t: Path(t).write_text(json.dumps(record, indent=2)))
     return record

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -86,6 +86,14 @@ def train(
     if init:
         init = str(resolve_weights(init, channels, task))
         cfg = ModelConfig.from_dict(read_metadata(init)["config"])
+        # the one change a fine-tune may make to the network: give a detector f_thetaM (support posterior)
+        support = {k: v for k, v in (model or {}).items() if k in ("support_width", "support_levels") and v}
+        if support and not cfg.support_width:
+            try:
+                cfg = replace(cfg, **support)
+                cfg.validate()
+            except ValueError as e:
+                raise UsageError(str(e)) from None
         if cfg.task != task or cfg.channels != channels:
             raise CheckpointError(
                 f"--init {init} is a {cfg.channels}-channel {cfg.task} model; this run is a "

@@ -8,7 +8,10 @@ Scalings (docs/guide/decompose.md):
                    averaged over colour channels (bright = large precision:
                    for mu_omega, "S is zero here"; for mu_lambda, "little noise here")
 The panel puts a scale bar under each map with the values its ends stand for, in the image's
-units (0-255 for 8-bit images; precisions in 1/units²).
+units (0-255 for 8-bit images; precisions in 1/units²), and, given the per-tile mu_gamma, their
+histogram (the paper's Fig. 6): log10 mu_gamma of every rank-one component of every tile and
+channel, the bar between the components the rank index counts (small mu_gamma: in use) and
+those it does not (large mu_gamma: switched off).
 """
 
 from __future__ import annotations
@@ -54,6 +57,33 @@ def view_image(x: np.ndarray, scale: float = 1.0) -> View:
     return View(np.clip(x, 0, 1), "0", f"{scale:g}")
 
 
+GAMMA_KEPT, GAMMA_PRUNED = (30, 90, 200), (200, 120, 40)
+
+
+def view_gamma_histogram(mu_gamma: np.ndarray, kept: np.ndarray, h: int, w: int) -> View:
+    """Histogram of log10 mu_gamma (any shape; ``kept`` of the same shape marks the components the
+    rank index counts) as an (3, h, w) picture: blue bars for counted components stacked under
+    orange ones for the others; the ends stand for the smallest and largest value (in [0, 1]
+    image scale: mu_gamma is a precision of the factors, whose scale is the image's)."""
+    lg = np.log10(np.maximum(np.asarray(mu_gamma, np.float64).ravel(), 1e-30))
+    keep = np.asarray(kept, bool).ravel()
+    lo, hi = float(lg.min()), float(lg.max())
+    hi = hi if hi > lo else lo + 1.0
+    bins = max(8, min(64, w // 3))
+    edges = np.linspace(lo, hi, bins + 1)
+    n_kept, _ = np.histogram(lg[keep], edges)
+    n_off, _ = np.histogram(lg[~keep], edges)
+    top = max(1, int((n_kept + n_off).max()))
+    img = np.ones((3, h, w), np.float32)
+    for b in range(bins):
+        x0, x1 = round(b * w / bins), max(round(b * w / bins) + 1, round((b + 1) * w / bins) - 1)
+        y_kept = round(h * n_kept[b] / top)
+        y_all = round(h * (n_kept[b] + n_off[b]) / top)
+        img[:, h - y_kept : h, x0:x1] = np.array(GAMMA_KEPT, np.float32)[:, None, None] / 255
+        img[:, h - y_all : h - y_kept, x0:x1] = np.array(GAMMA_PRUNED, np.float32)[:, None, None] / 255
+    return View(img, f"1e{lo:.1f}", f"1e{hi:.1f}")
+
+
 def views(maps: dict[str, np.ndarray], scale: float = 1.0) -> dict[str, View]:
     """Every map of a decomposition ready to show, keyed like the PNG suffixes; ``maps`` in [0, 1]
     scale with ``N`` included, ``scale`` the image's maximum code value (for the labels)."""
@@ -83,21 +113,32 @@ PANEL_ORDER = (
     ("sigma_S", "sigma_S"),
     ("mu_Omega (log10)", "mu_omega"),
     ("mu_Lambda (log10)", "mu_lambda"),
+    ("mu_gamma: counted / off", "mu_gamma"),
 )
 
 
 def panel(
-    Y: np.ndarray, X: np.ndarray, maps: dict[str, View], title: str = "", note: str = "", scale: float = 1.0
+    Y: np.ndarray,
+    X: np.ndarray,
+    maps: dict[str, View],
+    title: str = "",
+    note: str = "",
+    scale: float = 1.0,
+    gamma: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Image.Image:
     """One figure: the input Y, the denoised X = L + S and every map of :func:`views` side by side
-    (5 columns), each with a scale bar giving the values its black and white stand for."""
-    shown = {"Y": view_image(Y, scale), "X": view_image(X, scale), **maps}
+    (5 columns), each with a scale bar giving the values its black and white stand for; with
+    ``gamma`` = (mu_gamma, counted), also their histogram (:func:`view_gamma_histogram`)."""
     h, w = Y.shape[1:]
     factor = min(1.0, 240 / max(h, w))
     th, tw = max(1, round(h * factor)), max(1, round(w * factor))
+    shown = {"Y": view_image(Y, scale), "X": view_image(X, scale), **maps}
+    order = [(name, key) for name, key in PANEL_ORDER if key in shown or (key == "mu_gamma" and gamma is not None)]
+    if gamma is not None:
+        shown["mu_gamma"] = view_gamma_histogram(*gamma, max(th, 40), max(tw, 40))
     pad, label, bar = 6, 14, 16
     cols = 5
-    rows = (len(PANEL_ORDER) + cols - 1) // cols
+    rows = (len(order) + (1 if note else 0) + cols - 1) // cols
     top = 20 if title else 0
     cell_h = label + th + bar + pad
     fig = Image.new("RGB", (cols * (tw + pad) + pad, top + rows * cell_h + pad), "white")
@@ -105,11 +146,12 @@ def panel(
     if title:
         draw.text((pad, 4), title, fill="black")
     ramp = np.repeat(np.linspace(0, 255, tw, dtype=np.float32)[None], 5, 0).astype(np.uint8)
-    for i, (name, key) in enumerate(PANEL_ORDER):
+    for i, (name, key) in enumerate(order):
         view = shown[key]
         a = np.round(np.clip(view.image, 0, 1) * 255).astype(np.uint8)
         a = np.repeat(a, 3, 0) if a.shape[0] == 1 else a
-        tile = Image.fromarray(a.transpose(1, 2, 0), "RGB").resize((tw, th), Image.BILINEAR)
+        resample = Image.NEAREST if key == "mu_gamma" else Image.BILINEAR
+        tile = Image.fromarray(a.transpose(1, 2, 0), "RGB").resize((tw, th), resample)
         x = pad + (i % cols) * (tw + pad)
         y = top + pad + (i // cols) * cell_h
         draw.text((x, y), name, fill="black")
@@ -118,8 +160,8 @@ def panel(
         draw.text((x, y + label + th + 6), view.low, fill="black")
         right = draw.textlength(view.high) if hasattr(draw, "textlength") else 6 * len(view.high)
         draw.text((x + tw - right, y + label + th + 6), view.high, fill="black")
-    if note:  # the last, empty cell
-        i = len(PANEL_ORDER)
+    if note:  # the cell after the last map
+        i = len(order)
         x, y = pad + (i % cols) * (tw + pad), top + pad + (i // cols) * cell_h
         draw.multiline_text((x, y + label), note, fill="black", spacing=3)
     return fig

@@ -22,6 +22,8 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
         "--channels",
         "1",
         *TINY_TRAIN,
+        "--support-width",
+        "8",
         "--steps",
         "3",
         "--out",
@@ -30,7 +32,8 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
     )
     assert code == 0, err
     meta = read_metadata(tmp_path / "run" / "model.safetensors")
-    assert meta["config"]["task"] == "detect"
+    assert meta["config"]["task"] == "detect" and meta["config"]["support_width"] == 8
+    assert meta["extra"]["detect"]["map"].startswith("q(z = 1)")  # the support posterior is the map
     assert meta["extra"]["detect"]["n_calibration"] == 2 and meta["extra"]["detect"]["threshold"] > 0
     assert meta["training"]["anomalies"]["preset"] == "strong"
     assert meta["training"]["scales"] == [1.0, 0.5, 0.25] == meta["extra"]["detect"]["scales"]  # the default pyramid
@@ -51,14 +54,49 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
         "surface",
         "--scales",
         "1,0.5",
+        "--support-width",
+        "0",
         "--out",
         tmp_path / "runs",
         "-q",
     )
     assert code == 0, err
     meta = read_metadata(tmp_path / "runs" / "model.safetensors")
+    assert meta["config"]["support_width"] == 0 and meta["extra"]["detect"]["score_kind"] == "top5"
     assert meta["training"]["scales"] == [1.0, 0.5] and meta["extra"]["detect"]["scales"] == [1.0, 0.5]
     assert meta["training"]["anomalies"]["preset"] == "surface"
+    # a detector without f_thetaM gets a fresh one on top of its trained modules
+    code, _, err = run_cli(
+        "train",
+        "--task",
+        "detect",
+        "--data",
+        d,
+        "--val-count",
+        "2",
+        "--channels",
+        "1",
+        "--init",
+        tmp_path / "runs" / "model.safetensors",
+        "--support-width",
+        "8",
+        "--patch",
+        "32",
+        "--batch",
+        "2",
+        "--steps",
+        "1",
+        "--out",
+        tmp_path / "runi",
+    )
+    assert code == 0 and "f_thetaM (support posterior) starts fresh" in err, err
+    from indeed_cli.model import load_checkpoint
+
+    before, after = (
+        load_checkpoint(tmp_path / "runs" / "model.safetensors"),
+        load_checkpoint(tmp_path / "runi" / "model.safetensors"),
+    )
+    assert after.config.support_width == 8 and after.config.sparse_width == before.config.sparse_width
     for bad in ("1,0", "1,1", "a"):
         code, _, err = run_cli(
             "train",

@@ -247,7 +247,19 @@ def test_decompose_npz_can_be_smaller_and_panel_shows_the_denoised_image(run_cli
     assert (tmp_path / "f16" / "a.npz").stat().st_size < (tmp_path / "f32" / "a.npz").stat().st_size / 2
     width = Image.open(tmp_path / "f32" / "a_panel.png").size[0]
     assert width > 5 * 48  # five maps a row: Y, L + S, L, S, N
-    from indeed_cli.pipelines.visualize import view_signed
+    from indeed_cli.pipelines.visualize import GAMMA_KEPT, GAMMA_PRUNED, view_gamma_histogram, view_signed
+
+    # the mu_gamma histogram: every component in one bar, counted ones (blue) under the others (orange)
+    mu_gamma = np.array([1e-2, 1e-2, 1e-2, 1e3, 1e3, 1e-2])
+    hist = view_gamma_histogram(mu_gamma, mu_gamma < 1, 40, 64)
+    assert hist.low == "1e-2.0" and hist.high == "1e3.0"
+    colour = lambda c: np.all(np.abs(hist.image - np.array(c)[:, None, None] / 255) < 1e-6, axis=0)
+    blue, orange = colour(GAMMA_KEPT), colour(GAMMA_PRUNED)
+    assert blue[:, :8].any() and not blue[:, -8:].any() and orange[:, -8:].any() and not orange[:, :8].any()
+    assert blue[:, :8].sum(0).max() == 40 and orange[:, -8:].sum(0).max() == round(40 * 2 / 4)  # 4 vs 2 components
+    with Image.open(tmp_path / "f32" / "a_panel.png") as im:
+        shown = np.asarray(im.convert("RGB"))
+    assert (np.abs(shown.astype(int) - GAMMA_KEPT).sum(-1) < 10).sum() > 20  # the panel shows it
 
     v = view_signed(np.array([[[-0.1, 0.0, 0.2]]], np.float32), scale=255.0)
     assert v.low.startswith("-") and v.high.startswith("+") and float(v.high) > 40  # in 8-bit units

@@ -67,6 +67,80 @@ def test_surface_preset_adds_bands_and_other_surfaces():
     assert f.shape == tex.shape and not torch.allclose(f, tex)
 
 
+def only(kind: str, **kw) -> AnomalyConfig:
+    """The ``defects`` preset drawing one kind of anomaly on every patch."""
+    from dataclasses import replace
+
+    from indeed_cli.tasks.detection.synthesis import PRESETS
+
+    kinds = ("p_texture", "p_cutpaste", "p_intensity", "p_other", "p_filter")
+    kinds += ("p_illumination", "p_poisson", "p_crack", "p_break")
+    return replace(PRESETS["defects"], normal_prob=0.0, **{k: float(k == kind) for k in kinds}, **kw)
+
+
+@pytest.mark.parametrize("kind", ["p_illumination", "p_poisson", "p_crack", "p_break"])
+def test_defect_kinds_are_seeded_exact_and_local(kind):
+    x = torch.rand(8, 1, 64, 64) * 0.5 + 0.25
+    Y, UA, M = synthesize(x, torch.Generator().manual_seed(4), None, only(kind))
+    Y2, _, M2 = synthesize(x, torch.Generator().manual_seed(4), None, only(kind))
+    assert torch.equal(Y, Y2) and torch.equal(M, M2)
+    assert torch.allclose(Y, x + UA) and 0 <= Y.min() and Y.max() <= 1
+    assert (UA * (M == 0)).abs().max() == 0  # nothing changes where the mask is zero
+    assert (M.flatten(1).amax(1) > 0.5).all()  # every patch got one
+    Y3, _, _ = synthesize(x, torch.Generator().manual_seed(5), None, only(kind))
+    assert not torch.equal(Y, Y3)
+
+
+def test_illumination_is_large_and_soft_edged():
+    x = torch.full((8, 1, 96, 96), 0.5)
+    _, UA, M = synthesize(x, torch.Generator().manual_seed(1), None, only("p_illumination"))
+    assert (M.flatten(1).mean(1) > 0.02).all()  # regions, not specks
+    step = torch.maximum(
+        (M[..., 1:, :] - M[..., :-1, :]).abs().amax((-2, -1)), (M[..., 1:] - M[..., :-1]).abs().amax((-2, -1))
+    )
+    assert (step < 0.35).all()  # feathered over several pixels: no hard edge
+    assert (UA.abs().flatten(1).amax(1) > 0.01).sum() >= 6  # and visible on most patches
+
+
+def test_cracks_and_breaks_are_thin_or_at_the_side_and_dark():
+    x = torch.rand(8, 1, 64, 64) * 0.5 + 0.25
+    Y, UA, M = synthesize(x, torch.Generator().manual_seed(2), None, only("p_crack"))
+    assert (M.flatten(1).mean(1) < 0.08).all()  # thin curves
+    assert (UA[M > 0.5] < 0).float().mean() > 0.95  # darker than the surface
+    Y, UA, M = synthesize(x, torch.Generator().manual_seed(2), None, only("p_break"))
+    assert (UA[M > 0.5] < 0).float().mean() > 0.95
+    sides = torch.stack([M[:, 0, 0].amax(1), M[:, 0, -1].amax(1), M[:, 0, :, 0].amax(1), M[:, 0, :, -1].amax(1)])
+    assert (sides.amax(0) > 0.5).all()  # every chip touches a side of the patch
+
+
+def test_poisson_blend_against_closed_forms():
+    from indeed_cli.tasks.detection.synthesis import poisson_blend
+
+    g = torch.Generator().manual_seed(0)
+    target = torch.rand(2, 1, 64, 64, generator=g)
+    mask = torch.zeros(2, 1, 64, 64)
+    mask[:, :, 16:48, 20:44] = 1
+    # a source that differs from the target by a constant (or any harmonic function: a plane) has
+    # the target's gradients: the blend gives back the target
+    yy, xx = torch.meshgrid(torch.arange(64.0), torch.arange(64.0), indexing="ij")
+    plane = 0.3 + 0.01 * yy - 0.004 * xx
+    out = poisson_blend(target, target + plane, mask)
+    assert (out - target).abs().max() < 5e-3
+    # a textured source: its gradients inside, the target outside and on the boundary
+    source = torch.rand(2, 1, 64, 64, generator=g)
+    out = poisson_blend(target, source, mask)
+    assert torch.equal(out[mask == 0], target[mask == 0])
+    inner = out[:, :, 18:46, 22:42] - source[:, :, 18:46, 22:42]
+    lap = (
+        inner[..., 1:-1, 1:-1] * 4
+        - inner[..., :-2, 1:-1]
+        - inner[..., 2:, 1:-1]
+        - inner[..., 1:-1, :-2]
+        - inner[..., 1:-1, 2:]
+    )
+    assert lap.abs().max() < 0.02  # out - source is harmonic inside the mask
+
+
 def test_normal_only_config_gives_no_anomaly():
     x = torch.rand(4, 1, 32, 32)
     Y, UA, M = synthesize(x, torch.Generator().manual_seed(0), None, AnomalyConfig(normal_prob=1.0))
@@ -104,7 +178,7 @@ def test_metrics_match_brute_force():
 
 
 def test_image_scores_against_direct_computation():
-    from indeed_cli.model import Checkpoint
+    from indeed_cli.model import Checkpoint, ModelConfig
     from indeed_cli.tasks.detection import score_kind
 
     m = np.arange(200, dtype=np.float32).reshape(10, 20) / 200
@@ -112,11 +186,19 @@ def test_image_scores_against_direct_computation():
     assert image_score(m, "max_g4") == pytest.approx(gaussian_blur(m, 4).max())
     with pytest.raises(ValueError):
         image_score(m, "median")
-    # the score a threshold was learned on: stored name; legacy calibrated detectors max_g4; else the default
-    ck = lambda extra: Checkpoint(None, None, {}, extra, "x")
+    # pool21: the largest mean over 21 x 21 windows (windows cut at the border average what they hold)
+    big = np.random.default_rng(0).random((30, 40)).astype(np.float32)
+    direct = max(big[max(0, y - 10) : y + 11, max(0, x - 10) : x + 11].mean() for y in range(30) for x in range(40))
+    assert image_score(big, "pool21") == pytest.approx(direct, rel=1e-5)
+    # the score a threshold was learned on: stored name; legacy calibrated detectors max_g4; else the
+    # default, top5, whatever the map
+    sparse_cfg = ModelConfig(channels=1, task="detect")
+    support_cfg = ModelConfig(channels=1, task="detect", support_width=8)
+    ck = lambda extra, cfg=sparse_cfg: Checkpoint(None, cfg, {}, extra, "x")
     assert score_kind(ck({"detect": {"threshold": 0.1, "score_kind": "top5"}})) == "top5"
     assert score_kind(ck({"detect": {"threshold": 0.1}})) == "max_g4"
     assert score_kind(ck({})) == "top5"
+    assert score_kind(ck({}, support_cfg)) == "top5"
 
 
 def test_blur_keeps_mass_and_score_finds_the_blob():
@@ -156,6 +238,68 @@ def test_multiscale_readout_is_the_mean_of_the_scaled_maps():
     assert facts["threshold"] == pytest.approx(np.quantile([two.score, detect(ck2, img * 0.5).score], 0.99))
     ck3 = Checkpoint(ck.model, ck.config, {"scales": [1.0, 0.5]}, {"detect": {"scales": [0.5]}}, "x")
     assert readout_scales(ck3) == (0.5,)  # the calibrated scales win over the training pyramid
+
+
+def test_support_focal_loss_against_direct_computation():
+    import torch.nn.functional as F
+
+    from indeed_cli.model.posteriors import support_focal_loss, support_target
+
+    logit = torch.tensor([[[[2.0, -1.0], [0.0, -4.0]]]])
+    z = torch.tensor([[[[1.0, 0.0], [0.5, 1.0]]]])
+    p = torch.sigmoid(logit)
+    direct = -(z * (1 - p) ** 2 * torch.log(p) + (1 - z) * p**2 * torch.log(1 - p)).sum()
+    assert support_focal_loss(logit, z).item() == pytest.approx(direct.item(), rel=1e-6)
+    # gamma = 0 is the binary cross-entropy
+    bce = F.binary_cross_entropy_with_logits(logit, z, reduction="sum")
+    assert support_focal_loss(logit, z, gamma=0.0).item() == pytest.approx(bce.item(), rel=1e-6)
+    # an anomaly that barely changes the image is not in the support
+    mask = torch.zeros(2, 1, 8, 8)
+    mask[:, :, 2:6, 2:6] = 1
+    U_A = torch.zeros(2, 1, 8, 8)
+    U_A[0] = 0.1 * mask[0]
+    U_A[1] = 0.001 * mask[1]
+    z = support_target(mask, U_A)
+    assert torch.equal(z[0], mask[0]) and z[1].sum() == 0
+
+
+def test_support_module_reads_l_and_s_without_changing_them():
+    from conftest import tiny_model
+
+    from indeed_cli.model.posteriors import support_focal_loss
+
+    plain = tiny_model(1, task="detect")
+    model = tiny_model(1, task="detect", support_width=8, support_levels=4)
+    assert model.cfg.multiple == 16 and plain.cfg.multiple == 8 and plain.support is None
+    Y = torch.rand(2, 1, 32, 48)
+    d = model(Y, sample=True)
+    assert d.support_logit.shape == (2, 1, 32, 48) and plain(Y).support_logit is None
+    support_focal_loss(d.support_logit, torch.zeros(2, 1, 32, 48)).sum().backward()
+    assert all(p.grad is None for m in (model.lowrank, model.sparse) for p in m.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.support.parameters())
+    with pytest.raises(ValueError, match="detection"):
+        tiny_model(1, task="denoise", support_width=8)
+
+
+def test_support_detector_maps_its_posterior():
+    from conftest import tiny_model
+
+    from indeed_cli.inference import support_probability
+    from indeed_cli.model import Checkpoint
+    from indeed_cli.tasks.detection import calibrate, detect, resize
+
+    model = tiny_model(1, task="detect", support_width=8)
+    ck = Checkpoint(model, model.cfg, {"scales": [1.0, 0.5]}, {}, "x")
+    img = np.random.default_rng(0).random((1, 45, 61)).astype(np.float32)
+    p1 = support_probability(ck, img)
+    assert p1.shape == (45, 61) and 0 <= p1.min() and p1.max() <= 1
+    half = support_probability(ck, np.clip(resize(img, (22, 30)), 0, 1))
+    expect = (p1 + resize(half[None], (45, 61))[0]) / 2
+    det = detect(ck, img)
+    assert np.allclose(det.anomaly_map, expect, atol=1e-6)
+    assert det.score == pytest.approx(image_score(expect), rel=1e-5)
+    facts = calibrate(ck, [img, img * 0.5])
+    assert facts["score_kind"] == "top5" and facts["map"].startswith("q(z = 1)")
 
 
 def test_image_pyramid_and_mirror_padding_match_the_tiler():

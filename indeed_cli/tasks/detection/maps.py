@@ -14,6 +14,12 @@ Multi-scale read-out: a detector trained on an image pyramid (``indeed train --s
 on the image resized by each of its scales; the maps are brought back to the input size and
 averaged (large defects need more context than one tile).  The scales are
 stored with the threshold, which is calibrated on the same averaged map.
+
+Detectors with f_thetaM (``config.support_width > 0``, docs/model.md "The support posterior") map
+a(x) = q(z_x = 1), the posterior probability that pixel x is in the support of S, averaged over the
+read-out scales like the |mu_S| map, and scored like it (``top5``: on the magnetic-tile development
+set it beat DRAEM's ``pool21``, the maximum of the map averaged over 21 x 21 windows, on both
+halves; docs/reports/2026-11-27-support-posterior.md).
 """
 
 from __future__ import annotations
@@ -21,17 +27,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
-from ...inference import InferenceOptions, as_image, n_tiles, sparse_mean
+from ...inference import InferenceOptions, as_image, n_tiles, sparse_mean, support_probability
 from ...model import Checkpoint
 from .filters import gaussian_blur, resize, scaled_size
 
-MAP_BLUR, SCORE_BLUR, TOP_SHARE = 2.0, 4.0, 0.05
+MAP_BLUR, SCORE_BLUR, TOP_SHARE, POOL = 2.0, 4.0, 0.05, 21
 SCORE_DEFINITIONS = {
     "top5": f"mean of the largest {TOP_SHARE:.0%} of the map",
     "max_g4": f"max(gaussian_blur(map, {SCORE_BLUR}))",
+    "pool21": f"max of the map averaged over {POOL}x{POOL} windows",
 }
 DEFAULT_SCORE = "top5"
+MAP_DEFINITIONS = {
+    "sparse": f"gaussian_blur(mean_c |mu_S|, {MAP_BLUR}), mean over scales",
+    "support": "q(z = 1) from f_thetaM, mean over scales",
+}
+
+
+def has_support(ckpt: Checkpoint) -> bool:
+    """Whether the detector has f_thetaM, the support posterior (its map is q(z = 1))."""
+    return bool(ckpt.config.support_width)
+
+
+def map_definition(ckpt: Checkpoint) -> str:
+    return MAP_DEFINITIONS["support" if has_support(ckpt) else "sparse"]
 
 
 def anomaly_map_from_sparse(mu_S: np.ndarray) -> np.ndarray:
@@ -40,10 +62,14 @@ def anomaly_map_from_sparse(mu_S: np.ndarray) -> np.ndarray:
 
 
 def image_score(amap: np.ndarray, kind: str = DEFAULT_SCORE) -> float:
-    """One number per image from its map: ``top5`` (mean of the largest 5% of the pixels) or
-    ``max_g4`` (maximum after a Gaussian of sigma 4 px; the first detectors' score)."""
+    """One number per image from its map: ``top5`` (mean of the largest 5% of the pixels),
+    ``max_g4`` (maximum after a Gaussian of sigma 4 px; the first detectors' score) or ``pool21``
+    (maximum of the 21 x 21 window means, DRAEM's score)."""
     if kind == "max_g4":
         return float(gaussian_blur(amap, SCORE_BLUR).max())
+    if kind == "pool21":
+        t = torch.from_numpy(np.ascontiguousarray(amap, dtype=np.float32))[None, None]
+        return float(F.avg_pool2d(t, POOL, stride=1, padding=POOL // 2, count_include_pad=False).max())
     if kind != "top5":
         raise ValueError(f"unknown image score {kind!r}; known: {sorted(SCORE_DEFINITIONS)}")
     flat = np.asarray(amap, dtype=np.float64).ravel()
@@ -87,13 +113,17 @@ def scale_maps(
     progress=None,
     scales: tuple[float, ...] | None = None,
 ) -> np.ndarray:
-    """(n_scales, h, w): G_2 * mean_c |mu_S| of the image resized by each scale, back at input size."""
+    """(n_scales, h, w): the map of the image resized by each scale, back at input size: q(z = 1) of a
+    detector with f_thetaM, else G_2 * mean_c |mu_S|."""
     data, _ = as_image(image)
     h, w = data.shape[1:]
     maps = []
     for s in scales or readout_scales(ckpt):
         small = data if s == 1 else np.clip(resize(data, scaled_size(h, w, s)), 0, 1)
-        a = anomaly_map_from_sparse(sparse_mean(ckpt, small, opts, progress))
+        if has_support(ckpt):
+            a = support_probability(ckpt, small, opts, progress)
+        else:
+            a = anomaly_map_from_sparse(sparse_mean(ckpt, small, opts, progress))
         maps.append(a if s == 1 else resize(a[None], (h, w))[0])
     return np.stack(maps)
 

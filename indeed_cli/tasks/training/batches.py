@@ -28,8 +28,8 @@ def detect_batch_fn(textures: list[torch.Tensor] | None = None, anomaly_cfg=None
         normal = sampler.sample(n)
         if "tex" not in cache:
             cache["tex"] = [t.to(normal.device) for t in (textures or [])]
-        Y, U_A, _ = synthesize(normal, gen, cache["tex"], anomaly_cfg or AnomalyConfig())
+        Y, U_A, mask = synthesize(normal, gen, cache["tex"], anomaly_cfg or AnomalyConfig())
         noisy, _ = add_noise(Y, tc.sigma_max, tc.clip_prob, gen)
-        return noisy, {"normal": normal, "anomaly": U_A}
+        return noisy, {"normal": normal, "anomaly": U_A, "mask": mask}
 
     return make

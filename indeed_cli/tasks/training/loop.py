@@ -14,7 +14,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -119,10 +119,16 @@ def _train(
         log(f"resumed from {out_dir} at step {step}")
     elif tc.init:  # fine-tune: start from a checkpoint's weights with a fresh optimizer and schedule
         start = load_checkpoint(tc.init, dev)
-        if start.config != model_cfg:
+        adds_support = not start.config.support_width and model_cfg.support_width
+        bare = replace(model_cfg, support_width=0, support_levels=start.config.support_levels)
+        if start.config != (bare if adds_support else model_cfg):
             raise ValueError(f"--init checkpoint {tc.init} has another model config than this run")
-        model.load_state_dict(start.model.state_dict())
-        log(f"initialised from {tc.init} ({start.training.get('steps', '?')} steps)")
+        # a detector without f_thetaM may start one: its other modules load, f_thetaM starts fresh
+        model.load_state_dict(start.model.state_dict(), strict=not adds_support)
+        log(
+            f"initialised from {tc.init} ({start.training.get('steps', '?')} steps)"
+            + ("; f_thetaM (support posterior) starts fresh" if adds_support else "")
+        )
     net = model
     if dist:
         net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
@@ -207,7 +213,7 @@ def _train(
                 record.update(validate(model, val_images, dev))
             _append_log(out_dir, record)
             if bar is not None:
-                bar.set_postfix({k: record[k] for k in record if k in ("sup", "fid", "rank", "sparse", "psnr_s25")})
+                bar.set_postfix({k: record[k] for k in record if k in BAR_TERMS})
         if rank == 0 and step % tc.save_every == 0:
             save_state(out_dir, model, opt, step, gen, state_extra, elapsed0 + time.time() - t0, shard_bytes)
     if bar is not None:
@@ -230,6 +236,7 @@ def _train(
 
 
 STOP_REASONS = ("", "time limit", "time budget")
+BAR_TERMS = ("sup", "fid", "rank", "sparse", "support", "psnr_s25")
 
 
 def _progress_bar(tc: TrainConfig, step: int, elapsed0: float) -> tqdm:

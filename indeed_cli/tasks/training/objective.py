@@ -25,6 +25,9 @@ class LossWeights:
     # denoising: > 0 scales each patch's sigma0 by ref / max(sigma, ref / 5) (sigma in 8-bit units),
     # so that low-noise patches, whose errors are small, weigh more; 0 = the paper's constant sigma0
     sigma0_noise_ref: float = 0.0
+    # detection with f_thetaM: weight of its focal loss l_M (its inputs are detached, so this only
+    # scales f_thetaM's gradient against the clipping norm; Adam is invariant to it otherwise)
+    support: float = 1.0
 
 
 def noise_level_weights(sigma: torch.Tensor, ref: float) -> torch.Tensor:
@@ -53,6 +56,9 @@ def training_loss(
         sup = P.anomaly_supervision_loss(d.L_hat, d.S_hat, targets["normal"], targets["anomaly"], weights.sigma0)
     per_px = float(Y[0].numel())
     parts = {"sup": sup.mean() / per_px, "orth": weights.tau * terms["orth"].mean() / per_px}
+    if d.support_logit is not None:
+        z = P.support_target(targets["mask"].to(Y.device), targets["anomaly"])
+        parts["support"] = weights.support * P.support_focal_loss(d.support_logit, z).mean() / Y[0, 0].numel()
     if weights.bayesian:
         parts.update(
             fid=terms["fid"].mean() / per_px, rank=terms["rank"].mean() / per_px, sparse=terms["sparse"].mean() / per_px
