@@ -9,10 +9,11 @@ The ONNX file holds the network of one tile; everything around it is here, in ab
   1. the image in [0, 1], gray (a gray detector reads a colour image channel by channel);
   2. at each read-out scale s, the image resized by s (antialiased bilinear), cut into 128x128
      tiles on a stride of 96 (overlap 32) after a reflected margin of 16 pixels, run tile by tile;
-  3. the tiles' S blended with a separable window (zero band of 8 pixels, raised cosine up to 1),
-     normalised by the window's coverage;
-  4. the map a = Gaussian(sigma 2 px, edges replicated) of mean_c |S|, resized back to the image;
-     averaged over the scales;
+  3. the tiles' output (S, or P = q(z = 1) for a detector with a support posterior) blended with
+     a separable window (zero band of 8 pixels, raised cosine up to 1), normalised by the
+     window's coverage;
+  4. the map a = Gaussian(sigma 2 px, edges replicated) of mean_c |S|, or mean_c P as it is,
+     resized back to the image; averaged over the scales;
   5. the score: the mean of the largest 5% of the map; anomalous when above the stored threshold.
 """
 
@@ -99,6 +100,7 @@ def detect(session: ort.InferenceSession, image: np.ndarray) -> tuple[np.ndarray
     """(map, score, anomalous) of a (C, h, w) image in [0, 1], with the read-out stored in the model."""
     meta = session.get_modelmeta().custom_metadata_map
     tile, overlap = int(meta["indeed.tile"]), int(meta["indeed.overlap"])
+    support = meta["indeed.output"].startswith("P:")
     scales, threshold = json.loads(meta["indeed.scales"]), json.loads(meta["indeed.threshold"])
     if meta["indeed.score"] != "top5":
         raise SystemExit(f"this example computes the top5 score, the model stores {meta['indeed.score']}")
@@ -111,8 +113,9 @@ def detect(session: ort.InferenceSession, image: np.ndarray) -> tuple[np.ndarray
     for s in scales:
         size = (max(8, round(h * s)), max(8, round(w * s)))
         channels = [c[0] if s == 1 else np.clip(resize(c[0], size), 0, 1) for c in image]
-        S = np.concatenate([tiled(session, c[None], tile, overlap) for c in channels])
-        a = gaussian_blur(np.abs(S).mean(0), 2.0)
+        out = np.concatenate([tiled(session, c[None], tile, overlap) for c in channels])
+        # a support posterior (output P) is the map itself; S is read out as |S| smoothed
+        a = out.mean(0) if support else gaussian_blur(np.abs(out).mean(0), 2.0)
         maps.append(a if s == 1 else resize(a, (h, w)))
     amap = np.mean(maps, axis=0)
     flat = np.sort(amap.ravel().astype(np.float64))

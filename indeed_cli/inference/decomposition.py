@@ -86,7 +86,8 @@ def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceO
         if outputs == "support":
             if d.support_logit is None:
                 raise ValueError("this model has no support posterior (f_thetaM)")
-            return {"P": torch.sigmoid(d.support_logit)}
+            p = torch.sigmoid(d.support_logit)  # (B', 1, h, w); B' = 3B for a gray model on colour tiles
+            return {"P": p.reshape(tiles.shape[0], -1, *p.shape[-2:]).mean(1, keepdim=True)}  # channel mean
         X = d.L_hat + d.mu_S
         if outputs == "denoise":
             return {"X": from_model(X)}
@@ -210,7 +211,8 @@ def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, p
 
 def support_probability(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
     """q(z = 1), the posterior probability that each pixel is in the support of S (f_thetaM of a
-    detector that has one), float32 (h, w) in [0, 1]."""
+    detector that has one), float32 (h, w) in [0, 1]; a gray detector on a colour image reads each
+    channel as a gray image and averages their probabilities."""
     data, _ = as_image(image)
     maps, _ = _run(ckpt, data, "support", opts or InferenceOptions(), progress)
     return maps["P"].numpy()[0]

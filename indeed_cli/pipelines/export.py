@@ -1,7 +1,8 @@
 """Export a checkpoint's tile network to ONNX, for runtimes outside Python (optional extra `onnx`).
 
 The exported graph is what runs on each tile: (B, C, tile, tile) float32 in [0, 1] in, the
-posterior mean of L + S (a denoiser) or of S (a detector) out, with a dynamic batch size.  Tiling,
+posterior mean of L + S (a denoiser), of S (a detector), or q(z = 1) (a detector with a support
+posterior, f_thetaM) out, with a dynamic batch size.  Tiling,
 blending and the detector's read-out stay outside it; examples/onnx_detect.py does them with numpy
 the way `indeed detect` does, and the metadata carries what they need (tile, overlap, threshold,
 read-out scales, score).
@@ -25,7 +26,7 @@ from ..tasks.detection.maps import MAP_BLUR, SCORE_DEFINITIONS
 from .inputs import UsageError
 
 INPUT = "Y"
-OUTPUTS = {"denoise": "X", "detect": "S"}
+OUTPUTS = {"denoise": "X", "detect": "S", "support": "P"}
 PARITY_TOLERANCE = 1e-4  # float32: the exported graph must give the network's numbers
 
 
@@ -34,11 +35,18 @@ class TileNetwork(nn.Module):
 
     def __init__(self, ckpt: Checkpoint):
         super().__init__()
-        self.model, self.task = ckpt.model, ckpt.config.task
+        self.model, self.output = ckpt.model, output_kind(ckpt)
 
     def forward(self, Y: torch.Tensor) -> torch.Tensor:
         d = self.model(Y, sample=False)
-        return d.mu_S if self.task == "detect" else d.L_hat + d.mu_S
+        if self.output == "support":
+            return torch.sigmoid(d.support_logit)
+        return d.mu_S if self.output == "detect" else d.L_hat + d.mu_S
+
+
+def output_kind(ck: Checkpoint) -> str:
+    """What the exported graph outputs: "denoise" (L + S), "detect" (S) or "support" (q(z = 1))."""
+    return "support" if ck.config.task == "detect" and ck.config.support_width else ck.config.task
 
 
 def export_onnx(
@@ -76,7 +84,7 @@ def export_onnx(
         raise UsageError("only float32 networks are exported (bf16 is a runtime choice, not a file format)")
     net = TileNetwork(ck).eval().cpu()
     example = torch.rand(2, ck.config.channels, tile, tile)
-    name = OUTPUTS[ck.config.task]
+    name = OUTPUTS[output_kind(ck)]
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         with torch.no_grad(), warnings.catch_warnings():
@@ -108,6 +116,13 @@ def export_onnx(
     return {**meta, "max_difference": diff, "bytes": out.stat().st_size}
 
 
+OUTPUT_MEANINGS = {
+    "denoise": "posterior mean of L + S per tile (the denoised tile)",
+    "detect": "posterior mean of S per tile",
+    "support": "q(z = 1) per tile, the probability that a pixel is in the support of S",
+}
+
+
 def metadata(ck: Checkpoint, tile: int, output: str) -> dict[str, str]:
     """What a runtime needs besides the graph, as the ONNX file's string metadata."""
     meta = {
@@ -117,19 +132,16 @@ def metadata(ck: Checkpoint, tile: int, output: str) -> dict[str, str]:
         "indeed.tile": str(tile),
         "indeed.overlap": "32",
         "indeed.input": f"{INPUT}: (batch, {ck.config.channels}, {tile}, {tile}) float32 in [0, 1], one tile each",
-        "indeed.output": f"{output}: "
-        + (
-            "posterior mean of S per tile"
-            if ck.config.task == "detect"
-            else "posterior mean of L + S per tile (the denoised tile)"
-        ),  # fmt: skip
+        "indeed.output": f"{output}: " + OUTPUT_MEANINGS[output_kind(ck)],
     }
     if ck.config.task == "detect":
         kind = score_kind(ck)
+        support = output_kind(ck) == "support"
         meta.update({
             "indeed.threshold": json.dumps(stored_threshold(ck)),
             "indeed.scales": json.dumps(list(readout_scales(ck))),
-            "indeed.map": f"gaussian_blur(mean_c |S|, {MAP_BLUR}), mean over the read-out scales",
+            "indeed.map": "mean_c P (the channels of a colour image read as gray images), mean over the read-out "
+            "scales" if support else f"gaussian_blur(mean_c |S|, {MAP_BLUR}), mean over the read-out scales",
             "indeed.score": kind,
             "indeed.score_definition": SCORE_DEFINITIONS[kind],
         })  # fmt: skip

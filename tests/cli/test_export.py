@@ -50,8 +50,9 @@ def test_export_refuses_clearly(run_cli, tmp_path):
     assert code == 2 and ".onnx" in err
 
 
-def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp_path, rng):
-    det = tiny_model(1, task="detect")
+@pytest.mark.parametrize("support", [0, 8])
+def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp_path, rng, support):
+    det = tiny_model(1, task="detect", support_width=support)
     facts = {"threshold": 0.02, "scales": [1.0, 0.5], "score_kind": "top5"}
     w = save_checkpoint(tmp_path / "det.safetensors", det, {}, {"detect": facts})
     code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "det.onnx", "--json")

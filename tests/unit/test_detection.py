@@ -300,6 +300,10 @@ def test_support_detector_maps_its_posterior():
     assert det.score == pytest.approx(image_score(expect), rel=1e-5)
     facts = calibrate(ck, [img, img * 0.5])
     assert facts["score_kind"] == "top5" and facts["map"].startswith("q(z = 1)")
+    # a gray detector on a colour image: each channel a gray image, their probabilities averaged
+    rgb = np.random.default_rng(1).random((3, 40, 56)).astype(np.float32)
+    per = [support_probability(ck, c[None]) for c in rgb]
+    assert np.allclose(support_probability(ck, rgb), np.mean(per, 0), atol=1e-6)
 
 
 def test_image_pyramid_and_mirror_padding_match_the_tiler():
