@@ -9,6 +9,13 @@ the images and the range of each.
 
     python benchmarks/lowrank.py --data ../shared/data/denoise-test/CBSD68 --sigmas 25 \
         --weights weights/indeed-denoise-color.safetensors[,OTHER.safetensors]
+
+``--readouts``: why does n not track the SVD rank?  On the non-overlapping 128x128 tiles (each
+channel), set other read-outs of the same posterior beside the clean tile's SVD rank: n with other
+thresholds t (a share of the largest E[1/gamma_i]), the energy rank of the posterior-mean components
+(how many of the largest ||mu_a_i||^2 ||mu_b_i||^2 hold 99.9% of their sum) and the SVD rank of
+mu_L = mu_A mu_B^T itself.  If a read-out tracks the SVD rank, n is a read-out problem; if mu_L's
+own rank does not, the network's L does not adapt its rank.
 """
 
 from __future__ import annotations
@@ -57,6 +64,45 @@ def svd_rank(x: np.ndarray, tile: int = 128, energy: float = 0.999) -> float:
     return float(np.median(ranks))
 
 
+def energy_count(values: np.ndarray, energy: float = 0.999) -> int:
+    """How many of the largest ``values`` (non-negative) hold ``energy`` of their sum."""
+    v = np.sort(np.asarray(values, dtype=np.float64))[::-1]
+    c = np.cumsum(v) / max(float(v.sum()), 1e-300)
+    return int(np.searchsorted(c, energy)) + 1
+
+
+READOUTS = ("n (t = 1%)", "n (t = 0.1%)", "n (t = 10%)", "energy rank of components", "SVD rank of mu_L")
+
+
+def tile_readouts(ck, clean: np.ndarray, noisy: np.ndarray, tile: int = 128) -> list[dict]:
+    """Per non-overlapping tile and channel: the clean SVD rank and each of READOUTS."""
+    import torch
+
+    from indeed_cli.model import posteriors as P
+
+    C, h, w = clean.shape
+    rows = []
+    boxes = [(y, x) for y in range(0, h - tile + 1, tile) for x in range(0, w - tile + 1, tile)]
+    Y = torch.from_numpy(np.stack([noisy[:, y : y + tile, x : x + tile] for y, x in boxes]).astype(np.float32))
+    with torch.inference_mode():
+        d = ck.model(Y, sample=False).float()
+        a, b = P.gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, ck.config.priors)
+        counts = {t: P.rank_components(a, b, rel_threshold=t).sum(-1).numpy() for t in (0.01, 0.001, 0.1)}
+        comp = (d.mu_A.square().sum(-2) * d.mu_B.square().sum(-2)).numpy()  # (N, C, r)
+        L = d.L_hat.numpy()
+    for i, (y, x) in enumerate(boxes):
+        for c in range(C):
+            rows.append({
+                "svd": svd_rank(clean[c : c + 1, y : y + tile, x : x + tile]),
+                READOUTS[0]: counts[0.01][i, c],
+                READOUTS[1]: counts[0.001][i, c],
+                READOUTS[2]: counts[0.1][i, c],
+                READOUTS[3]: energy_count(comp[i, c]),
+                READOUTS[4]: svd_rank(L[i, c : c + 1]),
+            })  # fmt: skip
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="folder of clean images")
@@ -65,6 +111,7 @@ def main() -> None:
     ap.add_argument("--channels", type=int, default=3)
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--readouts", action="store_true", help="also the read-outs table (see above)")
     a = ap.parse_args()
     files = sorted(p for p in Path(a.data).iterdir() if p.suffix.lower() in (".png", ".tif", ".bmp", ".jpg"))
     files = files[: a.limit] if a.limit else files
@@ -94,6 +141,25 @@ def main() -> None:
                 f"| {rho:.2f} |",
                 flush=True,
             )
+    if a.readouts:
+        print("\n| weights | σ | read-out | Spearman per image (tile medians) | Spearman per tile | range | "
+              "range of SVD rank |\n|---|---|---|---|---|---|---|")  # fmt: skip
+        for w in a.weights.split(","):
+            ck = load_model(w, a.channels, "cpu")
+            for s in (float(v) for v in a.sigmas.split(",")):
+                per_image = []
+                tiles = []
+                for name, x in cleans:
+                    rows = tile_readouts(ck, x, add_awgn(x, s, image_seed(name, s)))
+                    tiles += rows
+                    per_image.append({k: float(np.median([r[k] for r in rows])) for k in rows[0]})
+                for k in READOUTS:
+                    img_rho = spearman([r[k] for r in per_image], [r["svd"] for r in per_image])
+                    tile_rho = spearman([r[k] for r in tiles], [r["svd"] for r in tiles])
+                    v, sv = [r[k] for r in per_image], [r["svd"] for r in per_image]
+                    span, svd_span = f"{min(v):.0f}–{max(v):.0f}", f"{min(sv):.0f}–{max(sv):.0f}"
+                    print(f"| {Path(w).name} | {s:g} | {k} | {img_rho:.2f} | {tile_rho:.2f} | {span} | {svd_span} |",
+                          flush=True)  # fmt: skip
     print("\nCommand: python " + " ".join(sys.argv))
 
 

@@ -74,3 +74,11 @@ def run_cli(capsys, monkeypatch):
         return code, out, err
 
     return run
+
+
+def default_sigint() -> None:
+    """Popen(preexec_fn=...): the child takes Ctrl-C as a user's shell would give it, also when this
+    test run itself was started in the background, whose children inherit SIGINT ignored (POSIX)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -51,7 +51,9 @@ def test_denoise_benchmark(tmp_path, rng, ckpt_paths):
 
 def test_rank_agreement_helpers():
     sys.path.insert(0, str(BENCH))
-    from lowrank import spearman, svd_rank
+    from lowrank import energy_count, spearman, svd_rank
+
+    assert energy_count([5.0, 0.0, 3.0, 2.0], 0.8) == 2 and energy_count([1.0, 1.0, 1.0, 1.0], 0.999) == 4
 
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
@@ -66,6 +68,9 @@ def test_lowrank_and_speed_benchmarks(tmp_path, rng, ckpt_paths):
     (tmp_path / "clean").mkdir()
     write_png(tmp_path / "clean" / "a.png", rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
     assert "| " in run("lowrank.py", "--data", tmp_path / "clean", "--weights", ckpt_paths[3])
+    write_png(tmp_path / "clean" / "a.png", rng.integers(0, 256, (136, 150, 3), dtype=np.uint8))  # one whole tile
+    out = run("lowrank.py", "--data", tmp_path / "clean", "--weights", ckpt_paths[3], "--readouts")
+    assert "energy rank of components" in out and "SVD rank of mu_L" in out
     out = run("speed.py", "--weights", ckpt_paths[3], "--size", "64", "--reps", "1", "--device", "cpu")
     assert "64x64" in out
 

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import TINY_TRAIN, tiny_model, write_png
+from conftest import TINY_TRAIN, default_sigint, tiny_model, write_png
 from PIL import Image
 
 from indeed_cli.model import load_checkpoint, save_checkpoint
@@ -121,7 +121,8 @@ def test_ctrl_c_reports_what_was_written(tmp_path, rng):
     for i in range(8):
         write_png(d / f"{i}.png", rng.integers(0, 256, (256, 256, 3), dtype=np.uint8))
     proc = subprocess.Popen([sys.executable, "-m", "indeed_cli", "denoise", d, "-o", tmp_path / "out", "--json",
-                             "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                             "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)  # fmt: skip
     first = proc.stdout.readline()  # the first image is written
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=120)

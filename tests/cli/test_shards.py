@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import write_png
+from conftest import default_sigint, write_png
 
 from indeed_cli.pipelines import parse_shard, shard_from_env, take_shard
 
@@ -94,7 +94,7 @@ def test_a_killed_shard_resumes_with_skip_existing(tmp_path, rng):
         write_png(d / f"{i}.png", rng.integers(0, 256, (256, 256, 3), dtype=np.uint8))
     cmd = [sys.executable, "-m", "indeed_cli", "denoise", d, "-o", tmp_path / "out", "--json", "--device", "cpu",
            "--shard", "1/2"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     proc.stdout.readline()  # its first image is written
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
