@@ -80,14 +80,14 @@ def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceO
 
     def fn(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
         Y = to_model(tiles)
-        d = model(Y, sample=False).float()
+        d = model(Y, sample=False, with_support=outputs == "support").float()
         if outputs == "sparse":
             return {"S": from_model(d.mu_S)}
         if outputs == "support":
             if d.support_logit is None:
                 raise ValueError("this model has no support posterior (f_thetaM)")
-            p = torch.sigmoid(d.support_logit)  # (B', 1, h, w); B' = 3B for a gray model on colour tiles
-            return {"P": p.reshape(tiles.shape[0], -1, *p.shape[-2:]).mean(1, keepdim=True)}  # channel mean
+            # one probability per pixel: a gray model's per-channel ones on a colour image are averaged
+            return {"P": from_model(torch.sigmoid(d.support_logit)).mean(1, keepdim=True)}
         X = d.L_hat + d.mu_S
         if outputs == "denoise":
             return {"X": from_model(X)}

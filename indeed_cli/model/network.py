@@ -226,10 +226,15 @@ class InDeed(nn.Module):
         return table[which]
 
     def forward(
-        self, Y: Tensor, sample: bool = False, factors: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        self,
+        Y: Tensor,
+        sample: bool = False,
+        factors: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+        with_support: bool = True,
     ) -> Decomposition:
         """``factors``: (mu_A, sigma_A, mu_B, sigma_B) of ``Y`` computed before by ``self.lowrank``;
-        adapting f_thetaS alone reuses them, since the frozen low-rank module gives the same ones."""
+        adapting f_thetaS alone reuses them, since the frozen low-rank module gives the same ones.
+        ``with_support=False`` skips f_thetaM (``support_logit`` None) where its output is not used."""
         m = self.cfg.multiple
         if Y.shape[-1] % m or Y.shape[-2] % m:
             raise ValueError(f"input height and width must be multiples of {m}, got {tuple(Y.shape[-2:])}")
@@ -245,7 +250,7 @@ class InDeed(nn.Module):
         mu_S, sigma_S = self.sparse(Y - L_hat, L_hat)
         S_hat = mu_S + sigma_S * standard_normal(mu_S) if sample else mu_S
         logit = None
-        if self.support is not None:  # from the posterior means, detached: f_thetaM reads L and S only
+        if self.support is not None and with_support:  # from the posterior means, detached: f_thetaM reads L and S only
             mu_L = low_rank(mu_A, mu_B) if sample else L_hat
             logit = self.support(Y, mu_L.detach(), mu_S.detach())
         return Decomposition(mu_A, sigma_A, mu_B, sigma_B, mu_S, sigma_S, A_hat, B_hat, L_hat, S_hat, logit)

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..inference import InferenceOptions
 from ..model import Checkpoint, load_checkpoint, resolve_weights
-from ..tasks.detection import readout_scales, score_kind, stored_threshold
+from ..tasks.detection import has_support, readout_scales, score_kind, stored_threshold
 from ..tasks.detection.maps import MAP_BLUR, SCORE_DEFINITIONS
 from .inputs import UsageError
 
@@ -46,7 +46,7 @@ class TileNetwork(nn.Module):
 
 def output_kind(ck: Checkpoint) -> str:
     """What the exported graph outputs: "denoise" (L + S), "detect" (S) or "support" (q(z = 1))."""
-    return "support" if ck.config.task == "detect" and ck.config.support_width else ck.config.task
+    return "support" if has_support(ck) else ck.config.task
 
 
 def export_onnx(

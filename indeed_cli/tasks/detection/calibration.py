@@ -14,15 +14,14 @@ QUANTILE = 0.99
 def calibrate(ckpt: Checkpoint, normal_images, opts: InferenceOptions | None = None, scales=None) -> dict:
     """Threshold = the 99th percentile of the scores of held-out normal images (default score)."""
     scales = tuple(scales or readout_scales(ckpt))
-    kind = DEFAULT_SCORE
-    scores = [detect(ckpt, im, opts, scales=scales, score=kind).score for im in normal_images]
+    scores = [detect(ckpt, im, opts, scales=scales, score=DEFAULT_SCORE).score for im in normal_images]
     return {
         "threshold": float(np.quantile(scores, QUANTILE)),
         "n_calibration": len(scores),
         "scales": list(scales),
         "map": map_definition(ckpt),
-        "score_kind": kind,
-        "score": SCORE_DEFINITIONS[kind],
+        "score_kind": DEFAULT_SCORE,
+        "score": SCORE_DEFINITIONS[DEFAULT_SCORE],
         "quantile": QUANTILE,
         "normal_scores": {
             "min": float(np.min(scores)),

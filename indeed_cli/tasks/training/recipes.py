@@ -23,7 +23,6 @@ class Recipe:
     sigma_max: float  # training noise, 8-bit units
     scales: tuple[float, ...]  # image pyramid (detect: also the read-out scales)
     sparse_width: int = 64
-    support_width: int = 0  # f_thetaM, the support posterior (detect); 0 = none
     anomalies: str = "strong"  # synthetic anomaly preset (detect)
     val_count: int = 8  # held out from the training images when no validation set is given
     ood_samples: int = 256  # denoise: noisy training crops for the OOD statistics
@@ -31,11 +30,7 @@ class Recipe:
     def model_config(self, channels: int = 3, **overrides) -> ModelConfig:
         """The recipe's model; ``overrides`` replace any ModelConfig field."""
         cfg = ModelConfig(
-            channels=channels,
-            task=self.task,
-            sparse_input=self.sparse_input,
-            sparse_width=self.sparse_width,
-            support_width=self.support_width,
+            channels=channels, task=self.task, sparse_input=self.sparse_input, sparse_width=self.sparse_width
         )
         cfg = replace(cfg, **overrides)
         cfg.validate()
