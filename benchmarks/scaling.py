@@ -3,7 +3,7 @@
 process against `torchrun --nproc-per-node K` (each rank denoising every K-th image on its own GPU),
 whole commands timed (start-up, reading and writing included), outputs compared byte for byte.
 
-    python benchmarks/scaling.py --images 2000 --size 512 --procs 1,2,4 --precision bf16
+    python benchmarks/scaling.py --images 2000 --size 512 --procs 1,2,4 --precision bf16 [--numa-binding node]
 
 Without --data it makes the images: smooth random colour fields with AWGN of a random level,
 written as PNG with numpy and Pillow.  Prints a Markdown table and the command that made it.
@@ -56,7 +56,7 @@ def digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def run(procs: int, data: Path, out: Path, a) -> float:
+def run(procs: int, data: Path, out: Path, a, numa: str | None = None) -> float:
     shutil.rmtree(out, ignore_errors=True)
     cmd = ["-m", "indeed_cli", "denoise", str(data), "-o", str(out), "-q", "--precision", a.precision,
            "--device", a.device]  # fmt: skip
@@ -64,7 +64,8 @@ def run(procs: int, data: Path, out: Path, a) -> float:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        cmd = ["-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-port", str(port), *cmd]
+        bind = ["--numa-binding", numa] if numa else []
+        cmd = ["-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-port", str(port), *bind, *cmd]
     t = time.perf_counter()
     subprocess.run([sys.executable, *cmd], check=True, env={**os.environ, "OMP_NUM_THREADS": str(a.threads)})
     return time.perf_counter() - t
@@ -79,6 +80,13 @@ def main() -> None:
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=4, help="CPU threads per process (reading, writing)")
+    ap.add_argument(
+        "--numa-binding",
+        default=None,
+        metavar="MODE",
+        help="also run each process count above 1 under torchrun's --numa-binding MODE (node, socket, ...)",
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration (the table gives medians)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data
@@ -89,17 +97,31 @@ def main() -> None:
             with ProcessPoolExecutor() as pool:
                 list(pool.map(make_image, jobs, chunksize=16))
         n = len(list(data.glob("*.png")))
-        rows = []
-        for procs in map(int, a.procs.split(",")):
-            out = Path(tmp) / f"out{procs}"
-            seconds = run(procs, data, out, a)
-            rows.append((procs, seconds, n / seconds, steady_rate(out), digest(out)))
+        configs = [(p, None) for p in map(int, a.procs.split(","))]
+        if a.numa_binding:
+            configs += [(p, a.numa_binding) for p, _ in configs if p > 1]
+        runs: dict[tuple, list] = {c: [] for c in configs}
+        for _ in range(a.repeat):  # interleaved, so that a slow spell of the machine hits every configuration
+            for procs, numa in configs:
+                out = Path(tmp) / f"out{procs}{numa or ''}"
+                seconds = run(procs, data, out, a, numa)
+                runs[(procs, numa)].append((seconds, steady_rate(out), digest(out)))
+    rows = []
+    for (procs, numa), rs in runs.items():
+        label = f"{procs} (NUMA binding: {numa})" if numa else str(procs)
+        seconds = float(np.median([r[0] for r in rs]))
+        steadies = [r[1] for r in rs]
+        rows.append((label, seconds, n / seconds, float(np.median(steadies)), {r[2] for r in rs}, steadies))
     base = rows[0]
     print(f"| processes | seconds | images / s (whole command) | speed-up | images / s (under way) | speed-up |"
-          f" outputs equal to {base[0]} process(es) |\n|---|---|---|---|---|---|---|")  # fmt: skip
-    for procs, seconds, rate, steady, d in rows:
-        print(f"| {procs} | {seconds:.1f} | {rate:.1f} | {rate / base[2]:.2f} | {steady:.1f} | {steady / base[3]:.2f} "
-              f"| {'yes' if d == base[4] else 'NO'} |")  # fmt: skip
+          f" under way, each run | outputs equal to {base[0]} process(es) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for label, seconds, rate, steady, digests, steadies in rows:
+        each = ", ".join(f"{v:.1f}" for v in steadies)
+        print(f"| {label} | {seconds:.1f} | {rate:.1f} | {rate / base[2]:.2f} | {steady:.1f} | {steady / base[3]:.2f} "
+              f"| {each} | {'yes' if len(digests | base[4]) == 1 else 'NO'} |")  # fmt: skip
+    if a.repeat > 1:
+        print(f"\nMedians of {a.repeat} runs of each, interleaved.")
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     machine = f"{', '.join(gpus) or 'no GPU'}; {os.cpu_count()} CPU cores ({platform.machine()})"
     print(f"\nCommand: `python {' '.join(sys.argv)}`  \nImages: {n} of {a.size}x{a.size}; machine: {machine}; "

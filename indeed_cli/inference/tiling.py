@@ -14,6 +14,7 @@ Reflection is repeated as often as needed, so images smaller than a tile work.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 
@@ -61,6 +62,13 @@ def blend_window(tile: int, overlap: int) -> Tensor:
     return ramp[:, None] * ramp[None, :]
 
 
+@functools.lru_cache(maxsize=8)
+def _taper(tile: int, overlap: int) -> Tensor:
+    """The 1-D taper of :func:`blend_window`, made once per size: a folder run builds a grid for
+    every image (and to count its tiles)."""
+    return blend_window(tile, overlap)[tile // 2]
+
+
 class TileGrid:
     """Tile positions for an image of size (h, w) and the cutting of single tiles."""
 
@@ -74,7 +82,7 @@ class TileGrid:
         self.margin = overlap // 2
         self.ys = tile_starts(h, tile, overlap)
         self.xs = tile_starts(w, tile, overlap)
-        self.ramp = blend_window(tile, overlap)[tile // 2]  # the 1-D taper; the window is its outer product
+        self.ramp = _taper(tile, overlap)  # the 1-D taper (read only); the window is its outer product
 
     def __len__(self) -> int:
         return len(self.ys) * len(self.xs)

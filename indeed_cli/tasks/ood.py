@@ -44,9 +44,13 @@ def ood_features(tiles) -> np.ndarray:
 
 
 def _knn_distance(z: np.ndarray, points: np.ndarray, k: int) -> np.ndarray:
-    """Distance from each row of z to its k-th nearest row of points."""
-    d = np.sqrt(((z[:, None, :] - points[None, :, :]) ** 2).sum(-1))
-    return np.sort(d, axis=1)[:, min(k, d.shape[1]) - 1]
+    """Distance from each row of z to its k-th nearest row of points (a partial sort: on a GPU
+    run, scoring an image against thousands of training tiles is CPU work that delays the next)."""
+    d2 = np.zeros((len(z), len(points)))
+    for j in range(z.shape[1]):  # per feature: no (n, m, features) temporary
+        d2 += (z[:, j, None] - points[None, :, j]) ** 2
+    kth = min(k, d2.shape[1]) - 1
+    return np.sqrt(np.partition(d2, kth, axis=1)[:, kth])
 
 
 def _image_score(z: np.ndarray, points: np.ndarray, k: int) -> float:
@@ -83,12 +87,27 @@ def fit_ood(images: list[np.ndarray], k: int = DEFAULT_K, quantile: float = DEFA
     }
 
 
+_POINTS: dict[int, tuple[list, np.ndarray]] = {}  # id of a stats' point list -> (the list, its array)
+
+
+def _points(ood: dict) -> np.ndarray:
+    """The training tiles of ``ood`` as an array, converted once per list (the statistics are
+    JSON-able lists in the checkpoint; converting thousands of points took a millisecond an image)."""
+    lst = ood["points"]
+    hit = _POINTS.get(id(lst))
+    if hit is None or hit[0] is not lst:
+        if len(_POINTS) > 16:
+            _POINTS.clear()
+        hit = _POINTS[id(lst)] = (lst, np.asarray(lst, dtype=np.float64))
+    return hit[1]
+
+
 def ood_score(features: np.ndarray, ood: dict) -> float:
     """Median over tiles of the standardised k-NN distance to the training tiles."""
     z = (np.asarray(features, dtype=np.float64).reshape(-1, len(FEATURES)) - np.asarray(ood["mean"])) / np.asarray(
         ood["std"]
     )
-    return _image_score(z, np.asarray(ood["points"]), int(ood["k"]))
+    return _image_score(z, _points(ood), int(ood["k"]))
 
 
 def ood_report(features: np.ndarray, ood: dict | None) -> dict:

@@ -51,3 +51,18 @@ def test_fit_ood_rejects_bad_input():
         fit_ood([np.zeros((3, 2))])
     with pytest.raises(ValueError):
         fit_ood([np.zeros((3, 2)), np.zeros((0, 2))])
+
+
+def test_knn_distance_is_the_kth_smallest_and_points_are_converted_once():
+    from indeed_cli.tasks.ood import _knn_distance, _points, ood_score
+
+    rng = np.random.default_rng(0)
+    z, pts = rng.normal(size=(9, 2)), rng.normal(size=(50, 2))
+    brute = np.sort(np.sqrt(((z[:, None] - pts[None]) ** 2).sum(-1)), 1)
+    for k in (1, 5, 50, 80):  # k beyond the points: the farthest one
+        np.testing.assert_array_equal(_knn_distance(z, pts, k), brute[:, min(k, 50) - 1])
+    stats = {"mean": [0.0, 0.0], "std": [1.0, 1.0], "points": pts.tolist(), "k": 5}
+    assert _points(stats) is _points(stats)  # one conversion per point list
+    assert ood_score(z, stats) == float(np.median(brute[:, 4]))
+    other = {**stats, "points": (pts + 1).tolist()}
+    np.testing.assert_array_equal(_points(other), pts + 1)  # a new list is converted anew
