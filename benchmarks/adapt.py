@@ -6,7 +6,8 @@ between real-noise inputs and in-distribution synthetic inputs (CBSD68 + AWGN si
     python benchmarks/adapt.py --data ../shared/data/denoise-real/PolyU100 \\
         --ood-clean ../shared/data/denoise-test/CBSD68 [--methods none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d]
 
-Methods: ``none`` (shipped weights), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of
+Methods: ``none`` (shipped weights), ``none@WEIGHTS`` (plain inference with other weights: a
+bundled name or a path), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of
 the folder, then inference), ``oag`` (InDeedOAG: a fresh adaptation per image; its time per
 image is reported), ``ffdnet`` / ``cbm3d`` (peers, `bench` extra) with sigma estimated from
 the noisy input by scikit-image's wavelet estimator.  ``--rows-out`` / ``--from-rows`` merge
@@ -314,7 +315,13 @@ def main() -> None:
             warm_up(ck, data, opts, acfg, dev)
         for m in methods:
             t = time.perf_counter()
-            new = run_peer(m, data, dev) if m in ("ffdnet", "cbm3d") else run_indeed(m, ck, data, opts, acfg, dev)
+            if m in ("ffdnet", "cbm3d"):
+                new = run_peer(m, data, dev)
+            elif m.startswith("none@"):  # plain inference with other weights, beside the shipped ones
+                new = run_indeed("none", load_model(m[5:], 3, a.device), data, opts, acfg, dev)
+                new = [{**r, "method": m} for r in new]
+            else:
+                new = run_indeed(m, ck, data, opts, acfg, dev)
             print(
                 f"{m}: {time.perf_counter() - t:.1f} s, mean PSNR {np.mean([r['psnr'] for r in new]):.2f}",
                 file=sys.stderr,

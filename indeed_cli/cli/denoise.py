@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..io import JPEG_QUALITY, is_stdio
+from ..model.registry import BUNDLED_CAMERA
 from ..pipelines import Outcome, denoise_folder
 from .options import ALL_SHARED, RunOptions, shared_options
 from .runner import CLIError, Reporter
@@ -71,4 +72,9 @@ def ood_warning(done: list[Outcome]) -> str:
     else:
         what = f"{len(flagged)} of {len(done)} images look unlike the training images (OOD score > {threshold:.3g})"
         run = "`indeed adapt FOLDER --mode ag -o DIR` (one camera)"
-    return f"{what}: real camera noise, say, may be left in place; rerun with --auto-adapt or {run}"
+    options = f"--auto-adapt or {run}"
+    colour = [o for o in flagged if o.record.get("channels") == 3]
+    if any(Path(str(o.record.get("weights"))).name != BUNDLED_CAMERA for o in colour):
+        # a colour photograph: the model trained on camera noise is the other way (weights/README.md)
+        options = f"--auto-adapt, {run}, or --weights color-camera (trained on camera noise)"
+    return f"{what}: real camera noise, say, may be left in place; rerun with {options}"

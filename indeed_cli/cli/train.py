@@ -79,6 +79,15 @@ def train_cmd(
     clip_prob: Annotated[
         float, typer.Option("--clip-prob", metavar="SHARE", help="Share of patches clipped+quantised to 8 bits.")
     ] = TrainConfig.clip_prob,
+    camera_noise: Annotated[
+        float,
+        typer.Option(
+            "--camera-noise",
+            metavar="SHARE",
+            help="Denoise, colour: share of patches with camera noise (raw shot and read noise, demosaic, "
+            "colour pipeline; light to heavy) instead of AWGN.",
+        ),
+    ] = TrainConfig.camera_share,
     rank: Annotated[int, typer.Option("--rank", metavar="N", help="r0, the maximal rank.")] = ModelConfig.rank,
     sparse_width: Annotated[
         int, typer.Option("--sparse-width", metavar="N", help="f_thetaS U-Net width at its finest scale.")
@@ -208,6 +217,7 @@ def train_cmd(
         "patch": patch,
         "lr": lr,
         "clip_prob": clip_prob,
+        "camera_share": camera_noise,
         "seed": seed,
         "time_limit": time_limit,
         "time_budget": time_budget,

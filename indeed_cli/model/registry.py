@@ -2,7 +2,8 @@
 
 Resolution order of a ``--weights`` value (docs/checkpoints.md):
   1. empty / "default": the bundled checkpoint for the image's channel count (or the task);
-  2. a bundled name ("color", "gray", "magnetic-tile", or a file stem in weights/);
+  2. a bundled name ("color", "gray", "color-fullchroma", "color-camera", "magnetic-tile", or a
+     file stem in weights/);
   3. "hf://owner/repo/path/file.safetensors[@revision]": huggingface_hub download
      (uses the local cache; honours HF_HUB_OFFLINE);
   4. a local file path.
@@ -23,11 +24,15 @@ BUNDLED_DETECT = "indeed-detect-magnetic-tile.safetensors"  # gray; runs per cha
 # the colour model fine-tuned on full-chroma photographs: better on them, but InDeedAG in bf16 no
 # longer gains on real camera noise with it, so it is not the default (weights/README.md)
 BUNDLED_FULLCHROMA = "indeed-denoise-color-fullchroma.safetensors"
+# color-fullchroma fine-tuned with half its patches under camera noise (indeed train --camera-noise):
+# for photographs straight from a camera; a little below the others on Gaussian noise (weights/README.md)
+BUNDLED_CAMERA = "indeed-denoise-color-camera.safetensors"
 # the name `indeed models` shows for each bundled file: the shortest one --weights takes
 SHORT_NAMES = {
     BUNDLED[1]: "gray",
     BUNDLED[3]: "color",
     BUNDLED_FULLCHROMA: "color-fullchroma",
+    BUNDLED_CAMERA: "color-camera",
     BUNDLED_DETECT: "magnetic-tile",
 }
 BUNDLED_NAMES = {
@@ -37,6 +42,8 @@ BUNDLED_NAMES = {
     "colour": BUNDLED[3],
     "color-fullchroma": BUNDLED_FULLCHROMA,
     "colour-fullchroma": BUNDLED_FULLCHROMA,
+    "color-camera": BUNDLED_CAMERA,
+    "colour-camera": BUNDLED_CAMERA,
     "magnetic-tile": BUNDLED_DETECT,
 }
 

@@ -100,6 +100,8 @@ def train(
                 f"{channels}-channel {task} one"
             )
         tc = rc.train_config(**{**settings, "init": init})
+    if tc.camera_share and cfg.channels != 3:
+        raise UsageError("--camera-noise needs a colour model (--channels 3): camera noise is made in RGB")
     model_path = out / "model.safetensors"
     done = _already_done(out, tc, model_path)
     if done is not None:

@@ -55,15 +55,11 @@ def _uniform(gen: torch.Generator, lo: float, hi: float) -> float:
 def random_pipeline(gen: torch.Generator, level: str) -> dict:
     """One camera: colour matrix, white-balance gains and noise levels, drawn from ``gen``."""
     w = torch.rand(len(XYZ2CAM), generator=gen, dtype=torch.float64)
-    xyz2cam = (w[:, None, None] * torch.tensor(XYZ2CAM, dtype=torch.float64)).sum(0) / w.sum()
-    rgb2cam = xyz2cam @ torch.tensor(RGB2XYZ, dtype=torch.float64)
-    rgb2cam = rgb2cam / rgb2cam.sum(-1, keepdim=True)  # white stays white
-    cam2rgb = torch.linalg.inv(rgb2cam)
     lo, hi = LEVELS[level]
     log_shot = _uniform(gen, math.log(lo), math.log(hi))
     log_read = 2.18 * log_shot + 1.20 + 0.26 * float(torch.randn(1, generator=gen))
     return {
-        "cam2rgb": cam2rgb,
+        "cam2rgb": torch.linalg.inv(_rgb2cam(w[None])[0]),
         "red_gain": _uniform(gen, 1.9, 2.4),
         "blue_gain": _uniform(gen, 1.5, 1.9),
         "shot": math.exp(log_shot),
@@ -71,32 +67,99 @@ def random_pipeline(gen: torch.Generator, level: str) -> dict:
     }
 
 
+def _rgb2cam(weights: torch.Tensor) -> torch.Tensor:
+    """(B, 4) mixing weights of XYZ2CAM -> (B, 3, 3) sRGB-linear -> camera RGB matrices."""
+    xyz2cam = (weights[:, :, None, None] * torch.tensor(XYZ2CAM, dtype=weights.dtype)).sum(1)
+    xyz2cam = xyz2cam / weights.sum(1)[:, None, None]
+    rgb2cam = xyz2cam @ torch.tensor(RGB2XYZ, dtype=weights.dtype)
+    return rgb2cam / rgb2cam.sum(-1, keepdim=True)  # white stays white
+
+
 def _smoothstep_inverse(y: torch.Tensor) -> torch.Tensor:
     y = y.clamp(0, 1)
     return 0.5 - torch.sin(torch.asin(1 - 2 * y) / 3)
 
 
-def _mosaic(rgb: torch.Tensor) -> torch.Tensor:
-    """(3, h, w) -> (h, w) RGGB Bayer plane."""
-    raw = rgb[1].clone()
-    raw[0::2, 0::2] = rgb[0, 0::2, 0::2]
-    raw[1::2, 1::2] = rgb[2, 1::2, 1::2]
-    return raw
-
-
-def _demosaic(raw: torch.Tensor) -> torch.Tensor:
-    """Bilinear demosaic of an RGGB plane (h, w) -> (3, h, w)."""
-    h, w = raw.shape
-    masks = torch.zeros(3, h, w, dtype=raw.dtype)
+def _bayer_masks(h: int, w: int, like: torch.Tensor) -> torch.Tensor:
+    """(3, h, w) 0/1 masks of the R, G and B sites of an RGGB mosaic."""
+    masks = torch.zeros(3, h, w, dtype=like.dtype, device=like.device)
     masks[0, 0::2, 0::2] = 1
     masks[1, 0::2, 1::2] = 1
     masks[1, 1::2, 0::2] = 1
     masks[2, 1::2, 1::2] = 1
+    return masks
+
+
+def _mosaic(rgb: torch.Tensor) -> torch.Tensor:
+    """(..., 3, h, w) -> (..., h, w) RGGB Bayer plane."""
+    raw = rgb[..., 1, :, :].clone()
+    raw[..., 0::2, 0::2] = rgb[..., 0, 0::2, 0::2]
+    raw[..., 1::2, 1::2] = rgb[..., 2, 1::2, 1::2]
+    return raw
+
+
+def _demosaic(raw: torch.Tensor) -> torch.Tensor:
+    """Bilinear demosaic of RGGB planes (h, w) or (B, h, w) -> (3, h, w) or (B, 3, h, w)."""
+    single = raw.dim() == 2
+    planes = raw[None] if single else raw
+    h, w = planes.shape[-2:]
     k_rb = torch.tensor([[0.25, 0.5, 0.25], [0.5, 1.0, 0.5], [0.25, 0.5, 0.25]], dtype=raw.dtype)
     k_g = torch.tensor([[0.0, 0.25, 0.0], [0.25, 1.0, 0.25], [0.0, 0.25, 0.0]], dtype=raw.dtype)
-    kernels = torch.stack([k_rb, k_g, k_rb])[:, None]
-    sparse = (masks * raw)[None]
-    return F.conv2d(F.pad(sparse, (1, 1, 1, 1), mode="reflect"), kernels, groups=3)[0]
+    kernels = torch.stack([k_rb, k_g, k_rb])[:, None].to(raw.device)
+    sparse = _bayer_masks(h, w, raw) * planes[:, None]
+    out = F.conv2d(F.pad(sparse, (1, 1, 1, 1), mode="reflect"), kernels, groups=3)
+    return out[0] if single else out
+
+
+def _unprocess(x: torch.Tensor, rgb2cam: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+    """sRGB (B, 3, h, w) -> linear camera RGB before white balance: tone curve, gamma and colour
+    undone, white balance undone with the highlights kept below saturation (Brooks et al.)."""
+    lin = _smoothstep_inverse(x).clamp_min(1e-8) ** 2.2
+    camrgb = torch.einsum("bij,bjhw->bihw", rgb2cam, lin).clamp(0, 1)
+    level = camrgb.mean(1, keepdim=True)
+    inv_gains = 1 / gains
+    mask = (torch.clamp(level - 0.9, min=0) / 0.1) ** 2  # near white: keep the highlight
+    return (camrgb * torch.maximum(mask + (1 - mask) * inv_gains, inv_gains)).clamp(0, 1)
+
+
+def _process(lin: torch.Tensor, cam2rgb: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+    """The camera's processing, (B, 3, h, w) -> sRGB in [0, 1]: white balance, colour matrix,
+    gamma 1/2.2, smoothstep tone curve."""
+    rgb = lin.clamp(0, 1) * gains
+    rgb = torch.einsum("bij,bjhw->bihw", cam2rgb, rgb.clamp(0, 1)).clamp(0, 1)
+    rgb = rgb.clamp_min(1e-8) ** (1 / 2.2)
+    return (3 * rgb**2 - 2 * rgb**3).clamp(0, 1)
+
+
+TRAINING_SHOT = (LEVELS["light"][0], LEVELS["heavy"][1])  # training draws shot noise over all levels
+
+
+def camera_noise_batch(
+    clean: torch.Tensor, gen: torch.Generator, shot: tuple[float, float] = TRAINING_SHOT
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training pairs: each (3, h, w) patch of ``clean`` (B, 3, h, w, sRGB in [0, 1], h and w even)
+    through its own random camera (colour matrix, white balance, shot noise log-uniform in ``shot``,
+    read noise as Brooks et al. fit it), on the patches' device in float32, without 8-bit
+    rounding.  Returns (noisy, reference): the reference is the same camera without noise, the
+    target a denoiser is trained towards (it equals ``clean`` up to the cameras' gamut)."""
+    b, dev = clean.shape[0], clean.device
+    w = torch.rand(b, len(XYZ2CAM), generator=gen, dtype=torch.float64)
+    rgb2cam = _rgb2cam(w)
+    cam2rgb = torch.linalg.inv(rgb2cam)
+    u = torch.rand(b, 4, generator=gen, dtype=torch.float64)
+    red, blue = 1.9 + 0.5 * u[:, 0], 1.5 + 0.4 * u[:, 1]
+    log_shot = math.log(shot[0]) + (math.log(shot[1]) - math.log(shot[0])) * u[:, 2]
+    log_read = 2.18 * log_shot + 1.20 + 0.26 * torch.randn(b, generator=gen, dtype=torch.float64)
+    gains = torch.stack([red, torch.ones(b, dtype=torch.float64), blue], 1)[:, :, None, None]
+    f32 = {"dtype": torch.float32, "device": dev}
+    rgb2cam, cam2rgb, gains = rgb2cam.to(**f32), cam2rgb.to(**f32), gains.to(**f32)
+    lin = _unprocess(clean.float(), rgb2cam, gains)
+    raw = _mosaic(lin)
+    std = torch.sqrt(raw * log_shot.exp().to(**f32)[:, None, None] + log_read.exp().to(**f32)[:, None, None])
+    seed = int(torch.randint(2**62, (1,), generator=gen))
+    g = torch.Generator(device=dev).manual_seed(seed)
+    noise = _demosaic(std * torch.randn(raw.shape, generator=g, **f32))
+    return _process(lin + noise, cam2rgb, gains), _process(lin, cam2rgb, gains)
 
 
 def camera_pair(
@@ -112,24 +175,16 @@ def camera_pair(
     x = torch.from_numpy(np.repeat(clean, 3, 0) if gray else clean).double()
     gen = torch.Generator().manual_seed(seed)
     cam = random_pipeline(gen, level)
-    rgb2cam = torch.linalg.inv(cam["cam2rgb"].double())
-    gains = torch.tensor([cam["red_gain"], 1.0, cam["blue_gain"]], dtype=torch.float64)[:, None, None]
-    # unprocess: tone, gamma, colour, white balance (highlights kept below saturation, as Brooks et al.)
-    lin = _smoothstep_inverse(x).clamp_min(1e-8) ** 2.2
-    camrgb = torch.einsum("ij,jhw->ihw", rgb2cam, lin).clamp(0, 1)
-    level_ = camrgb.mean(0, keepdim=True)
-    inv_gains = 1 / gains
-    mask = (torch.clamp(level_ - 0.9, min=0) / 0.1) ** 2  # near white: keep the highlight
-    lin = (camrgb * torch.maximum(mask + (1 - mask) * inv_gains, inv_gains)).clamp(0, 1)
+    rgb2cam = torch.linalg.inv(cam["cam2rgb"].double())[None]
+    gains = torch.tensor([cam["red_gain"], 1.0, cam["blue_gain"]], dtype=torch.float64)[None, :, None, None]
+    lin = _unprocess(x[None], rgb2cam, gains)[0]
     raw = _mosaic(lin)
     std = torch.sqrt(raw * cam["shot"] + cam["read"])  # the sensor: shot and read noise at each raw pixel
     noise = _demosaic(std * torch.randn(raw.shape, generator=gen, dtype=torch.float64))
 
     def process(r: torch.Tensor) -> np.ndarray:
-        rgb = r.clamp(0, 1) * gains
-        rgb = torch.einsum("ij,jhw->ihw", cam["cam2rgb"].double(), rgb.clamp(0, 1)).clamp(0, 1)
-        rgb = rgb.clamp_min(1e-8) ** (1 / 2.2)
-        return np.round((3 * rgb**2 - 2 * rgb**3).clamp(0, 1).numpy() * 255).astype(np.uint8)
+        rgb = _process(r[None], cam["cam2rgb"].double()[None], gains)[0]
+        return np.round(rgb.numpy() * 255).astype(np.uint8)
 
     noisy, reference = process(lin + noise), process(lin)
     if jpeg:

@@ -58,6 +58,7 @@ def test_out_of_distribution_images_get_one_warning_line(run_cli, folder, tmp_pa
     assert code == 0
     warnings = [line for line in err.splitlines() if "unlike the training images" in line]
     assert len(warnings) == 1 and "3 of 3 images" in warnings[0] and "--auto-adapt" in warnings[0]
+    assert "--weights color-camera" in warnings[0]  # colour photographs: the camera-noise model is named
     assert all(json.loads(line)["ood"] is True for line in out.splitlines())  # the JSON is as before
     code, _, err = run_cli("denoise", folder / "a.png", "-o", tmp_path / "a.png", "-w", w)
     assert "a.png looks unlike the training images" in err and "indeed adapt" in err

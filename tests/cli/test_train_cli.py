@@ -160,3 +160,20 @@ def test_train_cli_refuses_deterministic_with_a_time_budget(tmp_path, rng, run_c
     write_png(d / "a.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
     code, _, err = run_cli("train", "--data", d, "--out", tmp_path / "run", "--deterministic", "--time-budget", "10")
     assert code == 2 and "step-based" in err and not (tmp_path / "run").exists()
+
+
+def test_train_with_camera_noise_records_it_and_refuses_gray(tmp_path, rng, run_cli):
+    from indeed_cli.model import read_metadata
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    common = [*TINY_TRAIN, "--steps", "2", "--val-count", "1", "--ood-samples", "0", "-q", "--device", "cpu"]
+    code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "run", "--camera-noise", "0.5", *common)
+    assert code == 0, err
+    assert read_metadata(tmp_path / "run" / "model.safetensors")["training"]["camera_share"] == 0.5
+    code, _, err = run_cli(
+        "train", "--data", data, "--out", tmp_path / "gray", "--channels", "1", "--camera-noise", "0.5", *common
+    )
+    assert code == 2 and "colour model" in err and not (tmp_path / "gray").exists()

@@ -49,3 +49,41 @@ def test_noise_spec_parsing():
     for bad in ("camera", "camera:huge", "gauss:light", "camera:light+png"):
         with pytest.raises(ValueError):
             parse_noise(bad)
+
+
+def test_training_batch_one_camera_per_patch(image):
+    import torch
+
+    from indeed_cli.tasks.camera_noise import camera_noise_batch
+
+    clean = torch.from_numpy(np.stack([image, image[:, ::-1].copy(), image * 0.8, image]))
+    a, ref = camera_noise_batch(clean, torch.Generator().manual_seed(0))
+    b, _ = camera_noise_batch(clean, torch.Generator().manual_seed(0))
+    assert a.shape == ref.shape == clean.shape and a.dtype == torch.float32
+    torch.testing.assert_close(a, b, rtol=0, atol=0)  # seeded
+    assert psnr(ref.numpy(), clean.numpy()) > 40  # the reference is the image, up to the cameras' gamut
+    rms = (a - ref).pow(2).mean((1, 2, 3)).sqrt()
+    assert not torch.allclose(rms[0], rms[3])  # patches 0 and 3 are one image through two cameras
+    n = (a - ref)[0, 1].numpy()
+    assert np.corrcoef(n[:, :-1].ravel(), n[:, 1:].ravel())[0, 1] > 0.15  # demosaiced, like camera_pair's
+    quiet, ref_q = camera_noise_batch(clean, torch.Generator().manual_seed(0), shot=(1e-9, 1e-9))
+    assert (quiet - ref_q).abs().max() < 1e-2 < (a - ref).abs().max()  # the noise scales with the shot level
+
+
+def test_denoise_batches_with_a_camera_share():
+    import torch
+
+    from indeed_cli.tasks.training import TrainConfig, denoise_batch
+
+    class Patches:
+        def sample(self, n):
+            return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(5)) * 0.6 + 0.2
+
+    tc = TrainConfig(camera_share=1.0, clip_prob=0.0)
+    Y, t = denoise_batch(Patches(), 4, tc, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(t["sigma"], (Y - t["clean"]).pow(2).mean((1, 2, 3)).sqrt())
+    assert not torch.equal(t["clean"], Patches().sample(4))  # the target is the camera's own rendering
+    awgn, t0 = denoise_batch(Patches(), 4, TrainConfig(), torch.Generator().manual_seed(1))
+    assert torch.equal(t0["clean"], Patches().sample(4))  # share 0: AWGN and the clean patch, as before
+    with pytest.raises(ValueError, match="camera-noise"):
+        TrainConfig(camera_share=1.5).check()

@@ -87,10 +87,12 @@ def test_resolution_order(tmp_path, monkeypatch):
     assert R.resolve_weights(str(color)) == color
     full = C.save_checkpoint(tmp_path / R.BUNDLED_FULLCHROMA, tiny_model(3))
     assert R.resolve_weights("color-fullchroma") == full and R.resolve_weights(None, 3) == color  # not the default
+    cam = C.save_checkpoint(tmp_path / R.BUNDLED_CAMERA, tiny_model(3))
+    assert R.resolve_weights("colour-camera") == cam and R.resolve_weights(None, 3) == color
     with pytest.raises(C.CheckpointError, match="neither a file nor a bundled name"):
         R.resolve_weights("nope")
     rows = R.list_checkpoints(include_cache=False)
-    assert {r["name"] for r in rows} == {"gray", "color", "color-fullchroma"}  # the names --weights takes
+    assert {r["name"] for r in rows} == {"gray", "color", "color-fullchroma", "color-camera"}  # --weights names
     assert all(R.resolve_weights(r["name"]) == Path(r["path"]) for r in rows)
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..camera_noise import camera_noise_batch
 from ..detection.synthesis import AnomalyConfig, synthesize
 from .config import TrainConfig
 from .data import PatchSampler
@@ -13,9 +14,24 @@ from .noise import add_noise
 
 
 def denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):
-    """Batches for denoising (paper §4.1): clean patches U and their noisy copies Y."""
+    """Batches for denoising (paper §4.1): clean patches U and their noisy copies Y.
+
+    With ``tc.camera_share`` > 0 that share of the patches (drawn per patch) gets camera noise
+    instead (:func:`~indeed_cli.tasks.camera_noise.camera_noise_batch`; 8-bit rounding with
+    ``clip_prob`` like the others), and its target is the same camera's image without noise."""
     clean = sampler.sample(n)
     noisy, sigma = add_noise(clean, tc.sigma_max, tc.clip_prob, gen)
+    if tc.camera_share > 0:
+        cam = (torch.rand(n, generator=gen) < tc.camera_share).to(clean.device)
+        if cam.any():
+            cam_noisy, reference = camera_noise_batch(clean[cam], gen)
+            rounded = (torch.rand(int(cam.sum()), generator=gen) < tc.clip_prob).to(clean.device)
+            cam_noisy = torch.where(rounded.view(-1, 1, 1, 1), torch.round(cam_noisy * 255) / 255, cam_noisy)
+            noisy, clean = noisy.clone(), clean.clone()
+            noisy[cam], clean[cam] = cam_noisy, reference
+            # the noise level a camera patch is weighted by (noise_level_weights): its RMS noise
+            sigma = sigma.to(clean.device).clone()
+            sigma[cam] = (cam_noisy - reference).pow(2).mean((1, 2, 3)).sqrt()
     return noisy, {"clean": clean, "sigma": sigma}
 
 

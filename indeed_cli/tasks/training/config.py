@@ -19,6 +19,7 @@ class TrainConfig:
     warmup: int = 300
     sigma_max: float = 75.0  # AWGN sigma ~ U(0, sigma_max] / 255 per patch (paper §4.1)
     clip_prob: float = 0.5  # share of patches clipped to [0,1] and quantised to 8 bits
+    camera_share: float = 0.0  # denoise, colour: share of patches with camera noise instead of AWGN
     seed: int = 0
     val_every: int = 1000
     save_every: int = 2000
@@ -33,6 +34,10 @@ class TrainConfig:
 
     def check(self) -> None:
         """Settings that cannot go together (raised before any data is loaded or trained on)."""
+        if not 0.0 <= self.camera_share <= 1.0:
+            raise ValueError(f"--camera-noise must be a share between 0 and 1, got {self.camera_share}")
+        if self.camera_share and self.task != "denoise":
+            raise ValueError("--camera-noise is for denoisers (--task denoise)")
         if self.deterministic and self.time_budget:
             raise ValueError(
                 "a deterministic run needs a step-based schedule: --time-budget makes the learning "

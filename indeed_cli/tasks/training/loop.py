@@ -144,6 +144,7 @@ def _train(
         "patch": tc.patch,
         "sigma_max": tc.sigma_max,
         "clip_prob": tc.clip_prob,
+        "camera_share": tc.camera_share,
         "lr": tc.lr,
         "losses": asdict(tc.losses),
         "deterministic": tc.deterministic,
