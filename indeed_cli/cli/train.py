@@ -139,6 +139,17 @@ def train_cmd(
             "0 = constant sigma0 (the paper).",
         ),
     ] = LossWeights.sigma0_noise_ref,
+    tau: Annotated[
+        float, typer.Option("--tau", metavar="WEIGHT", help="Weight tau of the orthogonality term l_orth (paper: 1).")
+    ] = LossWeights.tau,
+    lowrank_sup: Annotated[
+        float,
+        typer.Option(
+            "--lowrank-sup-weight",
+            metavar="WEIGHT",
+            help="denoise: weight w_L of ||L - U||^2 in l_sup (paper: 1); larger asks L to carry more of the image.",
+        ),
+    ] = LossWeights.lowrank_sup,
     time_limit: Annotated[
         float, typer.Option("--time-limit", metavar="SECONDS", help="Stop cleanly after this many seconds (0 = none).")
     ] = 0,
@@ -225,7 +236,13 @@ def train_cmd(
         "val_every": val_every,
         "deterministic": deterministic,
         "state_shard_mb": state_shard_mb,
-        "losses": LossWeights(sigma0=sigma0, bayesian=not no_bayes, sigma0_noise_ref=sigma0_noise_ref),
+        "losses": LossWeights(
+            sigma0=sigma0,
+            tau=tau,
+            bayesian=not no_bayes,
+            sigma0_noise_ref=sigma0_noise_ref,
+            lowrank_sup=lowrank_sup,
+        ),
         **({"sigma_max": sigma_max} if sigma_max is not None else {}),
     }
     rec = train(

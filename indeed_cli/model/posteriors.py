@@ -130,9 +130,12 @@ def orth_loss(A_hat: Tensor, B_hat: Tensor) -> Tensor:
     return part(A_hat) + part(B_hat)
 
 
-def denoise_supervision_loss(L_hat: Tensor, S_hat: Tensor, U: Tensor, sigma0: float) -> Tensor:
-    """l_sup|DEN = sigma0/2 (||L + S - U||^2 + ||L - U||^2), Eq. (l_sup_DEN); U is the clean image."""
-    return 0.5 * sigma0 * ((L_hat + S_hat - U).square() + (L_hat - U).square()).flatten(1).sum(1)
+def denoise_supervision_loss(
+    L_hat: Tensor, S_hat: Tensor, U: Tensor, sigma0: float, lowrank_weight: float = 1.0
+) -> Tensor:
+    """l_sup|DEN = sigma0/2 (||L + S - U||^2 + w_L ||L - U||^2), Eq. (l_sup_DEN); U is the clean image.
+    The paper has w_L = 1; a larger w_L asks L itself to carry more of the image (docs/model.md)."""
+    return 0.5 * sigma0 * ((L_hat + S_hat - U).square() + lowrank_weight * (L_hat - U).square()).flatten(1).sum(1)
 
 
 def anomaly_supervision_loss(L_hat: Tensor, S_hat: Tensor, U_N: Tensor, U_A: Tensor, sigma0: float) -> Tensor:

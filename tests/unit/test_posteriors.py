@@ -140,6 +140,8 @@ def test_fidelity_orth_and_supervision_terms():
     assert P.orth_loss(2 * A, A)[0] > 1
     den = P.denoise_supervision_loss(L, S, U, 3.0)
     assert torch.allclose(den, 1.5 * (((L + S - U) ** 2) + (L - U) ** 2).sum((1, 2, 3)))
+    den10 = P.denoise_supervision_loss(L, S, U, 3.0, lowrank_weight=10.0)  # w_L weighs ||L - U||^2 only
+    assert torch.allclose(den10 - den, 1.5 * 9 * ((L - U) ** 2).sum((1, 2, 3)))
     uad = P.anomaly_supervision_loss(L, S, U, Y - U, 3.0)
     assert torch.allclose(uad, 1.5 * (((L - U) ** 2) + (S - (Y - U)) ** 2).sum((1, 2, 3)))
 

@@ -25,6 +25,8 @@ class LossWeights:
     # denoising: > 0 scales each patch's sigma0 by ref / max(sigma, ref / 5) (sigma in 8-bit units),
     # so that low-noise patches, whose errors are small, weigh more; 0 = the paper's constant sigma0
     sigma0_noise_ref: float = 0.0
+    # denoising: w_L, the weight of ||L - U||^2 in l_sup|DEN (paper: 1)
+    lowrank_sup: float = 1.0
     # detection with f_thetaM: weight of its focal loss l_M (its inputs are detached, so this only
     # scales f_thetaM's gradient against the clipping norm; Adam is invariant to it otherwise)
     support: float = 1.0
@@ -49,7 +51,7 @@ def training_loss(
     d = model(Y, sample=True).float()
     terms = P.elbo_terms(d, Y.float(), priors)
     if task == "denoise":
-        sup = P.denoise_supervision_loss(d.L_hat, d.S_hat, targets["clean"], weights.sigma0)
+        sup = P.denoise_supervision_loss(d.L_hat, d.S_hat, targets["clean"], weights.sigma0, weights.lowrank_sup)
         if weights.sigma0_noise_ref > 0:
             sup = sup * noise_level_weights(targets["sigma"].to(sup.device), weights.sigma0_noise_ref)
     else:
