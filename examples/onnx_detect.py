@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Run an exported InDeed detector with onnxruntime, numpy and Pillow only: the read-out of
-`indeed detect` (tiles, blend, map, score, decision), for porting to other runtimes.
+`indeed detect` (tiles, blend, map, score, decision), for porting to other runtimes.  For a
+detector with a support posterior this is `indeed detect --tiled`: by default `indeed detect`
+runs that detector's f_thetaS and f_thetaM on the whole image, which the one-tile graph cannot
+(maps differ slightly; calibrate a threshold with the read-out you deploy).
 
     indeed export -w magnetic-tile --onnx detector.onnx
     python examples/onnx_detect.py detector.onnx part.png [more.png ...]

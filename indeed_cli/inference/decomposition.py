@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from ..io import LoadedImage, image_from_pil, read_image
@@ -209,13 +210,57 @@ def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, p
     return maps["S"].numpy()
 
 
+WHOLE_IMAGE_PIXELS = 4_000_000  # pixels (times the model inputs a gray detector makes of colour) read out whole
+
+
 def support_probability(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
     """q(z = 1), the posterior probability that each pixel is in the support of S (f_thetaM of a
     detector that has one), float32 (h, w) in [0, 1]; a gray detector on a colour image reads each
-    channel as a gray image and averages their probabilities."""
+    channel as a gray image and averages their probabilities.
+
+    mu_L is computed by tiles (the low-rank module factorises each tile); f_thetaS and f_thetaM,
+    local operators without normalisation, run on the whole image at once
+    (``opts.whole_image``, by default for images of at most :data:`WHOLE_IMAGE_PIXELS`): a third
+    of the work of overlapping tiles on a small image, and no tile seams (docs/model.md)."""
     data, _ = as_image(image)
-    maps, _ = _run(ckpt, data, "support", opts or InferenceOptions(), progress)
+    opts = opts or InferenceOptions()
+    whole = opts.whole_image
+    if whole is None:
+        inputs = data.shape[0] if ckpt.config.channels == 1 else 1
+        whole = data.shape[1] * data.shape[2] * inputs <= WHOLE_IMAGE_PIXELS
+    if whole:
+        return _support_whole(ckpt, data, opts, progress)
+    maps, _ = _run(ckpt, data, "support", opts, progress)
     return maps["P"].numpy()[0]
+
+
+def _support_whole(ckpt: Checkpoint, data: np.ndarray, opts: InferenceOptions, progress=None) -> np.ndarray:
+    """:func:`support_probability` with f_thetaS and f_thetaM on the whole image, reflect-padded to
+    the model's size multiple; mu_L stitched from the tiles as every map is."""
+    device = next(ckpt.model.parameters()).device
+    opts.check(ckpt.config.multiple)
+    net = network_for(ckpt, opts.precision)
+    if net.support is None:
+        raise ValueError("this model has no support posterior (f_thetaM)")
+    adapter = ChannelAdapter(ckpt.config.channels, data.shape[0])
+
+    def lowrank_tiles(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
+        mu_A, _, mu_B, _ = net.lowrank(adapter.to_model(tiles))
+        return {"L": adapter.from_model(P.low_rank(mu_A, mu_B).float())}
+
+    with torch.inference_mode():
+        image = torch.from_numpy(data)
+        batch = opts.batch_for(device)
+        maps, _ = tiled_apply(lowrank_tiles, image, opts.tile, opts.overlap, batch, device, progress=progress)
+        h, w = data.shape[1:]
+        m = ckpt.config.multiple
+        pad = (0, (-w) % m, 0, (-h) % m)
+        mode = "reflect" if pad[1] < w and pad[3] < h else "replicate"
+        Y = F.pad(adapter.to_model(image[None].to(device)), pad, mode=mode)
+        L = F.pad(adapter.to_model(maps["L"][None].to(device)), pad, mode=mode)
+        mu_S, _ = net.sparse(Y - L, L)
+        p = torch.sigmoid(net.support(Y, L, mu_S))
+        return adapter.from_model(p).mean(1)[0, :h, :w].float().cpu().numpy()
 
 
 def decompose(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> Decomposed:

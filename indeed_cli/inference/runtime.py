@@ -74,6 +74,9 @@ class InferenceOptions:
     batch: int | None = None  # tiles per forward pass; default 8 on a CPU, 256 on a GPU (docs/results.md)
     precision: str = "fp32"  # fp32, bf16 (a bf16 copy of the network: network_for), or auto (resolve_precision)
     compile: bool = False  # torch.compile the network: tens of seconds once, faster on many images
+    # detectors with f_thetaM: run f_thetaS and f_thetaM on the whole image (mu_L still by tiles);
+    # None: when it holds at most WHOLE_IMAGE_PIXELS; False: by tiles, as the ONNX tile network does
+    whole_image: bool | None = None
 
     def check(self, multiple: int = 8) -> None:
         """ValueError for settings that cannot run; ``multiple``: the model's size multiple."""

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from indeed_cli.inference import InferenceOptions
 from indeed_cli.model import load_checkpoint, save_checkpoint
 from indeed_cli.tasks.detection import detect
 
@@ -62,6 +63,6 @@ def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp
     spec.loader.exec_module(example)
     image = rng.random((3, 150, 170)).astype(np.float32)  # colour, read by the gray detector per channel
     amap, score, anomalous = example.detect(session(tmp_path / "det.onnx"), image)
-    want = detect(load_checkpoint(w), image)
+    want = detect(load_checkpoint(w), image, InferenceOptions(whole_image=False))  # `indeed detect --tiled`
     np.testing.assert_allclose(amap, want.anomaly_map, atol=1e-5)
     assert score == pytest.approx(want.score, rel=1e-4) and anomalous == (want.score > 0.02)

@@ -319,3 +319,32 @@ def test_image_pyramid_and_mirror_padding_match_the_tiler():
     assert padded.shape == (1, 48, 48)
     assert torch.equal(padded[0], small[0][reflect_index(np.arange(48), 15)][:, reflect_index(np.arange(48), 20)])
     assert torch.equal(_pad_to(ims[0], 16), ims[0])  # large enough: unchanged
+
+
+def test_support_read_out_on_the_whole_image():
+    from conftest import tiny_model
+
+    import indeed_cli.inference.decomposition as D
+    from indeed_cli.inference import InferenceOptions, support_probability
+    from indeed_cli.model import Checkpoint
+
+    model = tiny_model(1, task="detect", support_width=8)
+    ck = Checkpoint(model, model.cfg, {}, {}, "x")
+    img = np.random.default_rng(2).random((1, 64, 64)).astype(np.float32)
+    # one tile without overlap or padding: tiles and the whole image are the same computation
+    one = InferenceOptions(tile=64, overlap=0)
+    whole = support_probability(ck, img, one)
+    tiled = support_probability(ck, img, InferenceOptions(tile=64, overlap=0, whole_image=False))
+    np.testing.assert_allclose(whole, tiled, atol=1e-6)
+    # a larger image: f_thetaS and f_thetaM see it whole (no seams), so the tiled read-out differs
+    big = np.random.default_rng(3).random((1, 90, 150)).astype(np.float32)
+    w = support_probability(ck, big, InferenceOptions(tile=32, overlap=8))
+    t = support_probability(ck, big, InferenceOptions(tile=32, overlap=8, whole_image=False))
+    assert w.shape == t.shape == (90, 150) and 0 <= w.min() and w.max() <= 1 and not np.allclose(w, t, atol=1e-4)
+    # above WHOLE_IMAGE_PIXELS the default falls back to tiles
+    old = D.WHOLE_IMAGE_PIXELS
+    try:
+        D.WHOLE_IMAGE_PIXELS = 90 * 150 - 1
+        np.testing.assert_array_equal(support_probability(ck, big, InferenceOptions(tile=32, overlap=8)), t)
+    finally:
+        D.WHOLE_IMAGE_PIXELS = old
