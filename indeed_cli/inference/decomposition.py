@@ -210,7 +210,8 @@ def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, p
     return maps["S"].numpy()
 
 
-WHOLE_IMAGE_PIXELS = 4_000_000  # pixels (times the model inputs a gray detector makes of colour) read out whole
+WHOLE_IMAGE_PIXELS = 1024 * 1024  # pixels (times the planes a gray detector makes of colour) read out whole:
+# a 2000x2000 gray image so peaked at 2.1 GB against 0.76 GB by tiles, for 45 s against 51 s (2-core CPU)
 
 
 def support_probability(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
