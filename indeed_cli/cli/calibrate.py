@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ..model import resolve_weights
-from ..pipelines import calibrate_checkpoint
+from ..pipelines import calibrate_checkpoint, parse_scales
 from ..tasks.training import list_images
 from .options import Device, Force, Json, Weights
 from .runner import CLIError, emit_json
@@ -36,6 +36,15 @@ def calibrate_cmd(
         int, typer.Option("--samples", metavar="N", min=8, help="denoise: noisy training images to measure.")
     ] = 256,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the noisy crops that are measured.")] = 0,
+    scales: Annotated[
+        str | None,
+        typer.Option(
+            "--scales",
+            metavar="LIST",
+            help="detect: read-out scales to learn the threshold for and store, e.g. 1,0.5,0.25 "
+            "(default: the checkpoint's own).",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,
@@ -50,7 +59,13 @@ def calibrate_cmd(
     if not paths:
         raise CLIError("no calibration images")
     src = resolve_weights(weights, channels)
-    task, key, facts = calibrate_checkpoint(src, output, paths, device, samples, seed, {"data": [str(d) for d in data]})
+    read_scales = parse_scales(scales) if scales else None
+    try:
+        task, key, facts = calibrate_checkpoint(
+            src, output, paths, device, samples, seed, {"data": [str(d) for d in data]}, scales=read_scales
+        )
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     summary = {
         "weights": str(src),
         "output": str(output),

@@ -26,17 +26,21 @@ def calibrate_checkpoint(
     note: dict | None = None,
     max_seconds: float | None = None,
     progress=None,
+    scales: tuple[float, ...] | None = None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
     Returns (task, key, facts): key "detect" (threshold from normal images) or "ood"
     (statistics from ``samples`` noisy training images, fewer when ``max_seconds`` runs out;
-    ``progress(n)`` hears of each).  ``note`` is merged into the facts.
+    ``progress(n)`` hears of each).  ``note`` is merged into the facts.  ``scales`` (detect): the
+    read-out scales to learn the threshold for, stored with it (default: the checkpoint's own).
     """
     ck = load_checkpoint(src, resolve_device(device))
     if ck.config.task == "detect":
-        key, facts = "detect", calibrate(ck, paths)
+        key, facts = "detect", calibrate(ck, paths, scales=scales)
     else:
+        if scales:
+            raise ValueError("--scales is for detectors: a denoiser has no read-out scales")
         images = load_images(paths, ck.config.channels)
         key, facts = "ood", calibrate_ood(ck, images, samples, seed, max_seconds, progress)
     facts = {**facts, **(note or {})}

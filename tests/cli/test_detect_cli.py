@@ -154,3 +154,24 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
         "-q",
     )
     assert code == 2 and "held-out normal images" in err and not (tmp_path / "run0").exists()
+
+
+def test_calibrate_learns_a_threshold_for_the_scales_asked(tmp_path, run_cli, rng):
+    from conftest import tiny_model
+
+    from indeed_cli.model import read_metadata, save_checkpoint
+
+    model = tiny_model(1, task="detect", support_width=8)
+    det = save_checkpoint(tmp_path / "det.safetensors", model, {"scales": [1.0]})
+    normal = tmp_path / "normal"
+    normal.mkdir()
+    for i in range(3):
+        write_png(normal / f"{i}.png", rng.integers(0, 256, (40, 48), dtype=np.uint8))
+    out = tmp_path / "cal.safetensors"
+    code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "-o", out, "--scales", "1,0.5", "--device", "cpu")
+    assert code == 0, err
+    facts = read_metadata(out)["extra"]["detect"]
+    assert facts["scales"] == [1.0, 0.5] and facts["readout"].startswith("whole image")
+    bad = tmp_path / "b.safetensors"
+    code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "-o", bad, "--scales", "0,1")
+    assert code == 2 and "--scales" in err and not bad.exists()
