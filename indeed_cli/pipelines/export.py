@@ -139,6 +139,8 @@ def metadata(ck: Checkpoint, tile: int, output: str) -> dict[str, str]:
         support = output_kind(ck) == "support"
         meta.update({
             "indeed.threshold": json.dumps(stored_threshold(ck)),
+            # the read-out the threshold was learned with: this graph's tiles reproduce "tiles" only
+            "indeed.threshold_readout": (ck.extra.get("detect") or {}).get("readout", "tiles"),
             "indeed.scales": json.dumps(list(readout_scales(ck))),
             "indeed.map": "mean_c P (the channels of a colour image read as gray images), mean over the read-out "
             "scales" if support else f"gaussian_blur(mean_c |S|, {MAP_BLUR}), mean over the read-out scales",

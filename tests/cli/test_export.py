@@ -64,5 +64,7 @@ def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp
     image = rng.random((3, 150, 170)).astype(np.float32)  # colour, read by the gray detector per channel
     amap, score, anomalous = example.detect(session(tmp_path / "det.onnx"), image)
     want = detect(load_checkpoint(w), image, InferenceOptions(whole_image=False))  # `indeed detect --tiled`
+    meta = session(tmp_path / "det.onnx").get_modelmeta().custom_metadata_map
+    assert meta["indeed.threshold_readout"] == "tiles"  # no `readout` fact: calibrated before whole-image read-outs
     np.testing.assert_allclose(amap, want.anomaly_map, atol=1e-5)
     assert score == pytest.approx(want.score, rel=1e-4) and anomalous == (want.score > 0.02)
