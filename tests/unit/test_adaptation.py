@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 from conftest import tiny_model
 
@@ -212,3 +213,28 @@ def test_default_step_limit_depends_on_the_mode(rng):
     assert ag.checkpoint.training["adapted"]["steps"] == AG_STEPS and len(ag.history) == AG_STEPS + 1
     assert oag.checkpoint.training["adapted"]["steps"] == OAG_STEPS and len(oag.history) == OAG_STEPS + 1
     assert OAG_STEPS < AG_STEPS
+
+
+def test_keep_latest_follows_an_objective_that_rises_before_it_falls():
+    """InDeedAG's measured objective (PolyU odd half, fp32): below the start at step 2, above it
+    for a while, below again from step 14 on. "best" keeps step 2 and stops; "latest" keeps step 20."""
+    from indeed_cli.tasks.adaptation import AdaptConfig
+    from indeed_cli.tasks.adaptation.stopping import EarlyStopping
+
+    losses = [-17.440, -17.356, -17.317, -17.301, -17.310, -17.330, -17.351, -17.375, -17.401, -17.426]
+    kept = {}
+    for keep in ("best", "latest"):
+        rule = EarlyStopping.start(AdaptConfig(keep=keep), {"loss": -17.334, "abs_N": 0.01})
+        for i, loss in enumerate(losses):
+            rule.update({"step": 2 * (i + 1), "loss": loss, "abs_N": 0.01, "change": 1.0})
+            if not rule.running:
+                break
+        kept[keep] = (rule.best_step, rule.stop)
+    assert kept == {"best": (2, "no improvement"), "latest": (20, "steps")}
+    # "latest" never keeps weights whose objective is above the start's
+    rule = EarlyStopping.start(AdaptConfig(keep="latest", patience=2), {"loss": -1.0, "abs_N": 0.01})
+    for step, loss in ((2, -0.9), (4, -0.8)):
+        rule.update({"step": step, "loss": loss, "abs_N": 0.01, "change": 1.0})
+    assert rule.best_step == 0 and rule.stop == "no improvement"
+    with pytest.raises(ValueError, match="keep"):
+        AdaptConfig(keep="last").check()

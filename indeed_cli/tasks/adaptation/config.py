@@ -18,6 +18,12 @@ OAG_LR = 3e-5
 # ran about 25% faster (docs/reports/2026-11-26-adaptation.md); AG keeps the 20 it was measured with.
 AG_STEPS = 20
 OAG_STEPS = 12
+# Which evaluated weights an adaptation keeps (stopping.EarlyStopping): "best" objective, or the
+# "latest" whose objective is no worse than the starting weights'.  AG's objective rises for its
+# first steps and then falls below the start: "best" kept step 2 in fp32 (PolyU even half, H100:
+# 36.37 dB) where "latest" kept step 20 (38.00 dB; bf16 38.02), docs/reports/2026-11-27-adaptation-heavy-noise.md.
+AG_KEEP = "latest"
+OAG_KEEP = "best"  # not measured with "latest" yet
 
 
 @dataclass
@@ -32,6 +38,7 @@ class AdaptConfig:
     max_tiles: int = 512
     train_stride: int | None = None  # step between training tiles; None: the tile size (no overlap)
     max_change: float = 2.5  # RMS change of L + S on the evaluation tiles, 8-bit units
+    keep: str | None = None  # "best" or "latest" (EarlyStopping); None: AG_KEEP in adapt(), OAG_KEEP otherwise
     collapse_ratio: float = 0.2
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
     # "bf16": the network runs in bf16, the objective in fp32; "auto" (default_precision, what
@@ -48,6 +55,8 @@ class AdaptConfig:
             raise ValueError(f"noise_precision must be image or pixel, got {self.noise_precision!r}")
         if self.precision not in ("fp32", "bf16", "auto"):
             raise ValueError(f"precision must be fp32, bf16 or auto, got {self.precision!r}")
+        if self.keep not in (None, "best", "latest"):
+            raise ValueError(f"keep must be best or latest, got {self.keep!r}")
         if self.group is not None and self.group < 1:
             raise ValueError(f"group must be at least 1, got {self.group}")
 

@@ -25,7 +25,18 @@ from torch.func import vmap
 
 from ...inference import TileGrid, as_model_channels
 from ...model import Checkpoint
-from .config import AG_LR, AG_STEPS, OAG_LR, OAG_STEPS, AdaptConfig, AdaptResult, default_group, default_precision
+from .config import (
+    AG_KEEP,
+    AG_LR,
+    AG_STEPS,
+    OAG_KEEP,
+    OAG_LR,
+    OAG_STEPS,
+    AdaptConfig,
+    AdaptResult,
+    default_group,
+    default_precision,
+)
 from .objective import adaptation_objective, lowrank_factors, take
 from .stopping import EarlyStopping
 
@@ -57,6 +68,8 @@ def adapt(
         cfg = replace(cfg, lr=AG_LR)
     if cfg.steps is None:
         cfg = replace(cfg, steps=AG_STEPS)
+    if cfg.keep is None:
+        cfg = replace(cfg, keep=AG_KEEP)
     return adapt_each(ckpt, [images], cfg, tile, log)[0]
 
 
@@ -74,6 +87,8 @@ def adapt_each(
         cfg = replace(cfg, lr=OAG_LR)
     if cfg.steps is None:
         cfg = replace(cfg, steps=OAG_STEPS)
+    if cfg.keep is None:
+        cfg = replace(cfg, keep=OAG_KEEP)
     device = next(ckpt.model.parameters()).device
     if cfg.precision == "auto":
         cfg = replace(cfg, precision=default_precision(device))

@@ -8,8 +8,12 @@ means on a fixed set of tiles.  An adaptation stops
     it while the image is being smoothed away;
   - after ``patience`` evaluations without improvement of the objective;
   - on a non-finite loss, or on collapse (mean |N| below ``collapse_ratio`` of its start).
-The weights kept are the best evaluated ones inside the trust region, the starting weights if
-nothing improved: adaptation never makes the objective worse than where it started.
+The weights kept (``keep``) are the best evaluated ones inside the trust region ("best"), or the
+latest evaluated ones whose objective is no worse than the starting weights' ("latest"; patience
+then counts evaluations above the start); the starting weights if none qualifies: adaptation
+never makes the objective worse than where it started.  "latest" exists because InDeedAG's
+objective rises for its first steps and only then falls below the start, while the image keeps
+improving (docs/reports/2026-11-27-adaptation-heavy-noise.md).
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ class EarlyStopping:
     best_step: int = 0
     bad: int = 0  # evaluations since the last improvement
     stop: str = "steps"  # why it stopped; "steps" while it runs (and when it ran all its steps)
+    keep: str = "best"  # "best" or "latest" (module doc)
 
     @classmethod
     def start(cls, cfg: AdaptConfig, first: dict) -> EarlyStopping:
         """The rule for an adaptation whose evaluation at step 0 gave ``first`` (loss, abs_N)."""
-        return cls(cfg.max_change, cfg.patience, cfg.collapse_ratio, first["abs_N"], first["loss"])
+        keep = cfg.keep or "best"
+        return cls(cfg.max_change, cfg.patience, cfg.collapse_ratio, first["abs_N"], first["loss"], keep=keep)
 
     @property
     def running(self) -> bool:
@@ -50,7 +56,10 @@ class EarlyStopping:
             self.stop = "trust region"
         elif rec["abs_N"] < self.collapse_ratio * self.start_abs_N:
             self.stop = "collapse"
-        elif rec["loss"] < self.best - 1e-6 * abs(self.best):
+        elif self.keep == "latest" and rec["loss"] <= self.best:  # best stays the start's objective
+            self.best_step, self.bad = rec["step"], 0
+            return True
+        elif self.keep == "best" and rec["loss"] < self.best - 1e-6 * abs(self.best):
             self.best, self.best_step, self.bad = rec["loss"], rec["step"], 0
             return True
         else:
