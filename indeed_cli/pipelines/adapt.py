@@ -209,6 +209,8 @@ def _product(
         "stop": res.stop,
         "loss_start": res.history[0]["loss"],
         "loss_best": min(h["loss"] for h in res.history),
+        # the objective of the weights kept: AG keeps the latest no worse than the start, not the lowest
+        "loss_kept": next(h["loss"] for h in res.history if h["step"] == res.best_step),
         "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
         "adapted_together": together if mode == "oag" else None,
         # the adapted image's place in the plane of the paper's Fig. 7 (--report)

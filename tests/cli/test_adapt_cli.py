@@ -1,5 +1,6 @@
 """`indeed adapt` and adaptation through the CLI: outputs, unreadable inputs, --compile, mixed folders."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,10 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
 
     adapted = read_metadata(tmp_path / "ad.safetensors")["training"]["adapted"]
     assert adapted["modules"] == "S" and adapted["lr"] == 1e-5  # the AG default; OAG's is 3e-5
+    assert adapted["keep"] == "latest"  # AG keeps the latest weights no worse than the start
+    for line in out.splitlines():  # loss_kept: the objective of the weights kept, never above the start
+        rec = json.loads(line)
+        assert rec["loss_best"] <= rec["loss_kept"] <= rec["loss_start"]
     code, out, err = run_cli(
         "adapt",
         d,
@@ -51,7 +56,6 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
         "-q",
     )
     assert code == 0, err
-    import json
 
     lines = [json.loads(x) for x in out.splitlines() if x.strip()]
     assert [r["adapted_together"] for r in lines] == [2, 2] and all(r["adapt_seconds"] > 0 for r in lines)
@@ -73,7 +77,6 @@ def test_adapt_denoised_only_writes_just_the_image(run_cli, tmp_path, rng, ckpt_
 
     full, only = (np.asarray(Image.open(tmp_path / k / "a.png")) for k in ("full", "only"))
     assert np.abs(full.astype(int) - only).max() <= 1  # same weights; decompose vs denoise rounding
-    import json
 
     assert json.loads(out.splitlines()[0])["output"].endswith("a.png")
 
@@ -109,7 +112,6 @@ def test_adapt_skips_an_unreadable_image_and_keeps_the_others_names(run_cli, tmp
         np.asarray(Image.open(tmp_path / "o" / "a.png")).mean()
         < np.asarray(Image.open(tmp_path / "o" / "c.png")).mean()
     )
-    import json
 
     lines = [json.loads(x) for x in out.splitlines() if x.strip()]
     assert [Path(r["output"]).name for r in lines if "output" in r] == ["a.png", "c.png"]
@@ -154,7 +156,6 @@ def test_oag_on_a_mixed_folder_uses_each_image_own_default_model(run_cli, tmp_pa
 
 def test_adapt_report_plots_the_elbo_plane(run_cli, tmp_path, rng):
     """--report: the paper's Fig. 7 as a PNG; every JSON line says where its image ended in that plane."""
-    import json
 
     from conftest import tiny_model, write_png
     from PIL import Image
