@@ -257,6 +257,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-5 for ag-*, 3e-5 for oag (the CLI defaults)")
     ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change)
     ap.add_argument("--patience", type=int, default=AdaptConfig.patience)
+    ap.add_argument("--keep", default=None, choices=["best", "latest"], help="weights kept (AG: latest, OAG: best)")
     ap.add_argument("--eval-every", type=int, default=AdaptConfig.eval_every)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--infer-precision", default=None, help="inference precision (default: --precision)")
@@ -305,6 +306,7 @@ def main() -> None:
             lr=a.lr,
             max_change=a.max_change,
             patience=a.patience,
+            keep=a.keep,
             precision=a.precision,
             eval_every=a.eval_every,
             group=a.group,
