@@ -22,10 +22,12 @@ def denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Gen
     clean = sampler.sample(n)
     noisy, sigma = add_noise(clean, tc.sigma_max, tc.clip_prob, gen)
     if tc.camera_share > 0:
-        cam = (torch.rand(n, generator=gen) < tc.camera_share).to(clean.device)
-        if cam.any():
+        on_cpu = torch.rand(n, generator=gen) < tc.camera_share  # counted here: no device sync per step
+        k = int(on_cpu.sum())
+        if k:
+            cam = on_cpu.to(clean.device)
             cam_noisy, reference = camera_noise_batch(clean[cam], gen)
-            rounded = (torch.rand(int(cam.sum()), generator=gen) < tc.clip_prob).to(clean.device)
+            rounded = (torch.rand(k, generator=gen) < tc.clip_prob).to(clean.device)
             cam_noisy = torch.where(rounded.view(-1, 1, 1, 1), torch.round(cam_noisy * 255) / 255, cam_noisy)
             noisy, clean = noisy.clone(), clean.clone()
             noisy[cam], clean[cam] = cam_noisy, reference
