@@ -18,7 +18,9 @@ table.  Prints Markdown tables and the command that made them.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -52,12 +54,46 @@ def estimate_sigma255(y: np.ndarray) -> float:
     return float(estimate_sigma(y.transpose(1, 2, 0), channel_axis=-1, average_sigmas=True)) * 255
 
 
+CAMERAS = {"canon600d": "canon600", "nikond800": "nikon800", "nikon": "nikon800", "sonya7ii": "sony"}
+OBJECTS = {"plaso": "plan"}
+
+
+def scene_of(name: str) -> str:
+    """The PolyU scene of a file: camera and object, the same key for a PolyU100 crop
+    (``Canon5D2_5_160_3200_chair_11_real.JPG``) and a full-resolution pair of the
+    PolyU-Real-World-Noisy-Images-Dataset repository (``Canon5D2_chair_Real.JPG``).  Objects are
+    matched by their first four letters (the full-resolution names are abbreviated; "plaso" is
+    planandsofa), which puts NikonD800's plant and planandsofa into one scene: both land in the
+    same half."""
+    parts = [x for x in re.sub(r"_(real|mean)$", "", Path(name).stem, flags=re.I).split("_") if x]
+    camera = parts[0].lower() + ("800" if parts[0].lower() == "nikon" and parts[1] == "800" else "")
+    obj = parts[-2] if parts[-1].isdigit() else parts[-1]
+    return f"{CAMERAS.get(camera, camera)}/{OBJECTS.get(obj.lower(), obj.lower()[:4])}"
+
+
+def scene_half(name: str) -> str:
+    """ "dev" or "test": a hash of the scene, so that no scene is in both halves."""
+    return "dev" if int(hashlib.sha1(scene_of(name).encode()).hexdigest(), 16) % 2 == 0 else "test"
+
+
 def pairs(folder: Path, limit: int | None, split: str = "all") -> list[tuple[Path, Path]]:
-    """Noisy/clean pairs sorted by name; ``split`` even/odd keeps every other pair (a dev/test split)."""
-    out = [(p, p.with_name(p.name.replace("_real", "_mean"))) for p in sorted(folder.glob("*_real.*"))]
-    if split != "all":
+    """Noisy/clean pairs (``*_real.*`` / ``*_mean.*``, any case) sorted by name; ``split`` even/odd
+    keeps every other pair, scene-dev/scene-test the pairs of one half of the scenes."""
+    found = sorted(p for p in folder.iterdir() if re.search(r"_real$", p.stem, re.I))
+    out = [(p, p.with_name(re.sub(r"_real$", "_mean", p.stem, flags=re.I) + p.suffix)) for p in found]
+    if split in ("even", "odd"):
         out = out[{"even": 0, "odd": 1}[split] :: 2]
+    elif split != "all":
+        out = [(n, c) for n, c in out if scene_half(n.name) == split.removeprefix("scene-")]
     return out[:limit] if limit else out
+
+
+def centre_crop(a: np.ndarray, size: int | None) -> np.ndarray:
+    if not size:
+        return a
+    h, w = a.shape[1:]
+    y, x = max(0, (h - size) // 2), max(0, (w - size) // 2)
+    return np.ascontiguousarray(a[:, y : y + size, x : x + size])
 
 
 def sync(device: str) -> None:
@@ -79,17 +115,21 @@ def warm_up(ck, data, opts, acfg: AdaptConfig, device: str) -> None:
 
 
 def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str) -> list[dict]:
+    """``method``: none, ag-S|L|LS or oag, optionally ``:ood`` / ``:change`` / ``:always``
+    (AdaptConfig.decide; without it the default)."""
     rows = []
-    shared, adapt_s, ag_info = None, None, {}
-    if method.startswith("ag-"):
+    base, _, decide = method.partition(":")
+    acfg = AdaptConfig(**{**acfg.__dict__, "decide": decide or None})
+    shared, adapt_s, ag_info, used = None, None, {}, [True] * len(data)
+    if base.startswith("ag-"):
         sync(device)
         t = time.perf_counter()
-        res = adapt(ck, [y for _, y, _ in data], AdaptConfig(**{**acfg.__dict__, "modules": method[3:]}))
+        res = adapt(ck, [y for _, y, _ in data], AdaptConfig(**{**acfg.__dict__, "modules": base[3:]}))
         sync(device)
         adapt_s = time.perf_counter() - t
-        shared, ag_info = res.checkpoint, {"best_step": res.best_step, "stop": res.stop}
-        print(f"{method}: best step {res.best_step}, stop {res.stop}", file=sys.stderr)
-    if method == "oag":  # a fresh adaptation per image, acfg.group images at a time (one batched network)
+        shared, ag_info, used = res.checkpoint, {"best_step": res.best_step, "stop": res.stop}, res.adapted_images
+        print(f"{method}: best step {res.best_step}, stop {res.stop}, {sum(used)} images", file=sys.stderr)
+    if base == "oag":  # a fresh adaptation per image, acfg.group images at a time (one batched network)
         group = acfg.group or default_group(ck_device(ck))
         for c in range(0, len(data), group):
             chunk = data[c : c + group]
@@ -114,13 +154,20 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str) -> l
                         "adapt_seconds_total": None,
                         "best_step": res.best_step,
                         "stop": res.stop,
+                        "adapted": res.best_step > 0,
+                        # what decide="change" reads: the first evaluation's change over the start's RMS of N
+                        "first_change_ratio": (
+                            res.history[1]["change"] / max(res.history[0]["rms_N"], 1e-12)
+                            if len(res.history) > 1
+                            else None
+                        ),
                     }
                 )
         return rows
-    for name, y, x in data:
+    for (name, y, x), adapted in zip(data, used):
         sync(device)
         t = time.perf_counter()
-        out = denoise(shared or ck, y, opts)
+        out = denoise(shared if shared and adapted else ck, y, opts)
         sync(device)
         seconds = time.perf_counter() - t  # before the metrics: SSIM of a 512x512 image takes ~0.07 s
         rows.append(
@@ -132,6 +179,7 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str) -> l
                 "seconds": seconds,
                 "adapt_seconds_total": adapt_s,
                 **ag_info,
+                **({"adapted": adapted and ag_info["best_step"] > 0} if shared else {}),
             }
         )
     return rows
@@ -185,28 +233,42 @@ def ood_rows(ck, data, clean_dir: Path, sigma: float, limit: int | None, opts) -
 def render(rows: list[dict]) -> None:
     den = [r for r in rows if r["method"] != "ood"]
     order = ["noisy input", "none", "ag-S", "ag-L", "ag-LS", "oag", "ffdnet", "cbm3d"]
-    print("| method | n | PSNR | SSIM | s / image | adaptation s (AG, once) |")
-    print("|---|---|---|---|---|---|")
-    for m in sorted({r["method"] for r in den}, key=lambda m: order.index(m) if m in order else 99):
-        q = [r for r in den if r["method"] == m]
-        ss = [r["ssim"] for r in q if r.get("ssim") is not None]
-        ad = q[0].get("adapt_seconds_total")
-        print(
-            f"| {m} | {len(q)} | {np.mean([r['psnr'] for r in q]):.2f} | "
-            + (f"{np.mean(ss):.4f}" if ss else "-")
-            + f" | {np.mean([r['seconds'] for r in q]):.3f} | "
-            + (f"{ad:.1f}" if ad else "-")
-            + " |"
-        )
+
+    def rank(m: str) -> tuple:
+        b = m.partition(":")[0]
+        return (order.index(b) if b in order else 99, m)
+
+    for data in dict.fromkeys(r.get("data", "") for r in den):
+        here = [r for r in den if r.get("data", "") == data]
+        plain = {r["image"]: r["psnr"] for r in here if r["method"] == "none"}
+        print(f"\n{data}\n" if data else "")
+        print("| method | n | PSNR | vs none | worst image vs none | adapted | SSIM | s / image | adaptation s (AG) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for m in sorted({r["method"] for r in here}, key=rank):
+            q = [r for r in here if r["method"] == m]
+            ss = [r["ssim"] for r in q if r.get("ssim") is not None]
+            ad = q[0].get("adapt_seconds_total")
+            d = [r["psnr"] - plain[r["image"]] for r in q if r["image"] in plain]
+            used = [r["adapted"] for r in q if "adapted" in r]
+            print(
+                f"| {m} | {len(q)} | {np.mean([r['psnr'] for r in q]):.2f} | "
+                + (f"{np.mean(d):+.2f} | {min(d):+.2f}" if d and m != "none" else "- | -")
+                + (f" | {sum(used)} of {len(used)}" if used else " | -")
+                + " | "
+                + (f"{np.mean(ss):.4f}" if ss else "-")
+                + f" | {np.mean([r['seconds'] for r in q]):.3f} | "
+                + (f"{ad:.1f}" if ad else "-")
+                + " |"
+            )
     print()
-    for m in ("ag-S", "ag-L", "ag-LS", "oag"):
-        q = [r for r in den if r["method"] == m and "stop" in r]
+    for m in sorted({r["method"] for r in den if "stop" in r}, key=rank):
+        q = [r for r in den if r["method"] == m]
         if q:
             stops = {}
-            for r in q if m == "oag" else q[:1]:
+            for r in q if m.startswith("oag") else q[:1]:
                 stops[r["stop"]] = stops.get(r["stop"], 0) + 1
             print(f"{m} stop reasons: {stops}; mean best step {np.mean([r['best_step'] for r in q]):.1f}  ")
-    q = [r for r in den if r["method"] == "oag" and r.get("adapt_seconds") is not None]
+    q = [r for r in den if r["method"].startswith("oag") and r.get("adapt_seconds") is not None]
     if q:
         a_s, t_s = np.mean([r["adapt_seconds"] for r in q]), np.mean([r["seconds"] for r in q])
         print(
@@ -237,26 +299,34 @@ def main() -> None:
     ap.add_argument(
         "--camera",
         default=None,
-        help="camera:LEVEL[+jpeg]: make the noisy/reference pairs from the clean images of --data with the camera "
-        "noise model (indeed_cli.tasks.camera_noise), seeded per image",
+        help="camera:LEVEL[+jpeg][,...]: make the noisy/reference pairs from the clean images of --data with the "
+        "camera noise model (indeed_cli.tasks.camera_noise), seeded per image; one table per level",
     )
     ap.add_argument("--crop", type=int, default=512, help="with --camera: the top-left crop of each clean image")
+    ap.add_argument(
+        "--pair-crop", type=int, default=None, help="noisy/clean pairs: their centre crop of this size (full-res PolyU)"
+    )
     ap.add_argument("--ood-clean", type=Path, help="clean in-distribution images for the OOD AUROC (CBSD68)")
     ap.add_argument("--ood-sigma", type=float, default=15.0)
-    ap.add_argument("--methods", default="none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d")
+    ap.add_argument(
+        "--methods",
+        default="none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d",
+        help="adaptations may end in :always, :change or :ood (AdaptConfig.decide), e.g. oag,oag:always",
+    )
     ap.add_argument("--weights", default=None)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--limit", type=int, default=None, help="first N pairs only")
     ap.add_argument(
         "--split",
         default="all",
-        choices=["all", "even", "odd"],
-        help="every other pair by name: even = the set the adaptation settings were tuned on",
+        choices=["all", "even", "odd", "scene-dev", "scene-test"],
+        help="every other pair by name (even = the set the adaptation settings were tuned on), or one half of "
+        "the PolyU scenes (scene_half: PolyU100 crops and full-resolution pairs split alike)",
     )
     ap.add_argument("--steps", type=int, default=None, help="default: 20 for ag-*, 12 for oag (the CLI defaults)")
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-5 for ag-*, 3e-5 for oag (the CLI defaults)")
     ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change)
-    ap.add_argument("--patience", type=int, default=AdaptConfig.patience)
+    ap.add_argument("--patience", type=int, default=None, help="default: 0 (never) for ag-*, 6 for oag")
     ap.add_argument("--keep", default=None, choices=["best", "latest"], help="weights kept (AG: latest, OAG: best)")
     ap.add_argument("--eval-every", type=int, default=AdaptConfig.eval_every)
     ap.add_argument("--precision", default="fp32")
@@ -285,19 +355,18 @@ def main() -> None:
     rows = [json.loads(line) for f in a.from_rows for line in f.read_text().splitlines() if line.strip()]
     methods = [m for m in a.methods.split(",") if m]
     if a.data:
+        sets = []  # (name, [(image, noisy, reference)])
         if a.camera:
-            level, jpeg = parse_noise(a.camera)
             clean = sorted(p for p in a.data.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
-            data = [
-                (p.name, *camera_pair(read_image(p).data[:, : a.crop, : a.crop], level, image_seed(p.name, 0), jpeg))
-                for p in clean[: a.limit or None]
-            ]
+            for spec in a.camera.split(","):
+                level, jpeg = parse_noise(spec)
+                crops = [(p.name, read_image(p).data[:, : a.crop, : a.crop]) for p in clean[: a.limit or None]]
+                sets.append((spec, [(n, *camera_pair(c, level, image_seed(n, 0), jpeg)) for n, c in crops]))
         else:
-            data = [(n.name, read_image(n).data, read_image(c).data) for n, c in pairs(a.data, a.limit, a.split)]
-        rows += [
-            {"method": "noisy input", "image": n, "psnr": psnr(y, x), "ssim": ssim(y, x), "seconds": 0.0}
-            for n, y, x in data
-        ]
+            sets.append((f"{a.data.name} {a.split}", [
+                (n.name, centre_crop(read_image(n).data, a.pair_crop), centre_crop(read_image(c).data, a.pair_crop))
+                for n, c in pairs(a.data, a.limit, a.split)
+            ]))  # fmt: skip
         ck = load_model(a.weights, 3, a.device)
         dev = str(next(ck.model.parameters()).device)
         opts = InferenceOptions(precision=a.infer_precision or a.precision)
@@ -314,26 +383,35 @@ def main() -> None:
             batch=a.adapt_batch,
         )
         if any(m not in ("ffdnet", "cbm3d") for m in methods):
-            warm_up(ck, data, opts, acfg, dev)
-        for m in methods:
-            t = time.perf_counter()
-            if m in ("ffdnet", "cbm3d"):
-                new = run_peer(m, data, dev)
-            elif m.startswith("none@"):  # plain inference with other weights, beside the shipped ones
-                new = run_indeed("none", load_model(m[5:], 3, a.device), data, opts, acfg, dev)
-                new = [{**r, "method": m} for r in new]
-            else:
-                new = run_indeed(m, ck, data, opts, acfg, dev)
-            print(
-                f"{m}: {time.perf_counter() - t:.1f} s, mean PSNR {np.mean([r['psnr'] for r in new]):.2f}",
-                file=sys.stderr,
-                flush=True,
-            )
-            rows += new
+            warm_up(ck, sets[0][1], opts, acfg, dev)
+        for name, data in sets:
+            new = [
+                {"method": "noisy input", "image": n, "psnr": psnr(y, x), "ssim": ssim(y, x), "seconds": 0.0}
+                for n, y, x in data
+            ]
+            for m in methods:
+                t = time.perf_counter()
+                if m in ("ffdnet", "cbm3d"):
+                    got = run_peer(m, data, dev)
+                elif m.startswith("none@"):  # plain inference with other weights, beside the shipped ones
+                    got = run_indeed("none", load_model(m[5:], 3, a.device), data, opts, acfg, dev)
+                    got = [{**r, "method": m} for r in got]
+                else:
+                    got = run_indeed(m, ck, data, opts, acfg, dev)
+                print(
+                    f"{name} {m}: {time.perf_counter() - t:.1f} s, mean PSNR {np.mean([r['psnr'] for r in got]):.2f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                new += got
+            rows += [{**r, "data": name} for r in new]
+        data = sets[0][1]
         if a.ood_clean:
             rows += ood_rows(ck, data, a.ood_clean, a.ood_sigma, a.limit, opts)
     seen: set = set()  # merged row files each carry the noisy-input rows: keep one per image
-    rows = [r for r in rows if not ((k := (r["method"], r.get("set"), r["image"])) in seen or seen.add(k))]
+    rows = [
+        r for r in rows if not ((k := (r["method"], r.get("set"), r.get("data"), r["image"])) in seen or seen.add(k))
+    ]
     if a.rows_out:
         a.rows_out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     render(rows)

@@ -42,8 +42,14 @@ def adapt_cmd(
         float | None, typer.Option("--lr", metavar="LR", help="Adam learning rate (default 1e-5 for ag, 3e-5 for oag).")
     ] = None,
     patience: Annotated[
-        int, typer.Option("--patience", metavar="N", min=1, help="Evaluations without improvement before stopping.")
-    ] = AdaptConfig.patience,
+        int | None,
+        typer.Option(
+            "--patience",
+            metavar="N",
+            min=0,
+            help="Evaluations without improvement before stopping; 0: never (default 0 for ag, 6 for oag).",
+        ),
+    ] = None,
     max_change: Annotated[
         float,
         typer.Option(
@@ -58,6 +64,16 @@ def adapt_cmd(
             help="image: one noise precision per image; pixel: the paper's pixel-wise Lambda.",
         ),
     ] = "image",
+    decide: Annotated[
+        str | None,
+        typer.Option(
+            "--decide",
+            metavar="change|ood|always",
+            help="Which images may change. change: an image keeps the plain result when the first steps move it "
+            "less than its residual noise (oag default); ood: adapt only images the OOD score flags; "
+            "always (ag default).",
+        ),
+    ] = None,
     save_weights: Annotated[
         Path | None, typer.Option("--save-weights", metavar="PATH", help="ag: write the adapted checkpoint here.")
     ] = None,
@@ -98,6 +114,7 @@ def adapt_cmd(
         noise_precision=noise_precision,
         precision=run.precision,
         group=group,
+        decide=decide,
     )
     reporter = Reporter(run.json_out, run.quiet)
     adapt_folder(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch.distributed as tdist
 
 from ..inference import InferenceOptions, as_model_channels, decompose, denoise_with_stats
@@ -139,13 +140,21 @@ def _steps(
     if mode == "ag" and pool:
         base = models.get(pool[0].channels)
         t0 = time.perf_counter()
-        images = [x for img in pool for x in as_model_channels(img.data, base.config.channels)]
+        planes = [as_model_channels(img.data, base.config.channels) for img in pool]
         steps = cfg.steps or AG_STEPS
         progress.note(f"adapting module {cfg.modules} on {len(pool)} images (at most {steps} steps)")
         with process_group_for(models.device):
-            shared = adapt(base, images, cfg, opts.tile)
+            shared = adapt(base, [x for p in planes for x in p], cfg, opts.tile)
+        # per input: the adapted weights if any of its planes was adapted on (decide="ood"), its score
+        ends = np.cumsum([len(p) for p in planes])
+        flags, scores = shared.adapted_images, shared.ood_scores
+        decided = {
+            id(img): (any(flags[e - len(p) : e]), _max_score(scores[e - len(p) : e]))
+            for img, p, e in zip(pool, planes, ends)
+        }
+        used = sum(a for a, _ in decided.values())
         progress.note(
-            f"adapted module {cfg.modules} on {len(pool)} images in {time.perf_counter() - t0:.1f} s "
+            f"adapted module {cfg.modules} on {used} of {len(pool)} images in {time.perf_counter() - t0:.1f} s "
             f"(best step {shared.best_step}, stopped: {shared.stop})"
         )
         if save_weights:
@@ -156,7 +165,11 @@ def _steps(
         items = todo[c : c + chunk]
         t0 = time.perf_counter()
         if shared:
-            results, together = [shared], [len(pool)]
+            img = items[0][1]
+            adapted, score = decided[id(img)]
+            base = models.get(img.channels)
+            results = [shared if adapted else AdaptResult(base, [], 0, "in distribution", [score], [False])]
+            together = [used if adapted else 1]
         else:  # oag: each image adapted alone with its own channel count's checkpoint, in batched runs
             results, together = adapt_images(
                 [(models.get(img.channels), img.data) for _, img, _ in items], cfg, opts.tile
@@ -164,6 +177,12 @@ def _steps(
         seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
         for (src, img, files), res, n_together in zip(items, results, together):
             yield _product(src, img, files, res, mode, cfg, opts, seconds, n_together, denoised_only)
+
+
+def _max_score(scores: Sequence[float | None]) -> float | None:
+    """An input's OOD score: the largest of its planes' (None when not computed)."""
+    known = [x for x in scores if x is not None]
+    return round(max(known), 4) if known else None
 
 
 @contextmanager
@@ -200,17 +219,20 @@ def _product(
         dec = decompose(res.checkpoint, img, opts)
         out, tiles = dec.maps["L"] + dec.maps["S"], dec.tiles
         nbytes = out.nbytes + sum(v.nbytes for v in dec.maps.values())
+    ran = bool(res.history)  # False: the image scored in distribution and kept the starting weights
     record = {
         "image": str(src),
         "output": str(files["denoised"]),
         "mode": mode,
         "modules": cfg.modules,
+        "adapted": ran and res.best_step > 0,  # weights other than the starting ones were kept
+        "ood_score": _max_score(res.ood_scores or []),
         "best_step": res.best_step,
         "stop": res.stop,
-        "loss_start": res.history[0]["loss"],
-        "loss_best": min(h["loss"] for h in res.history),
+        "loss_start": res.history[0]["loss"] if ran else None,
+        "loss_best": min(h["loss"] for h in res.history) if ran else None,
         # the objective of the weights kept: AG keeps the latest no worse than the start, not the lowest
-        "loss_kept": next(h["loss"] for h in res.history if h["step"] == res.best_step),
+        "loss_kept": next(h["loss"] for h in res.history if h["step"] == res.best_step) if ran else None,
         "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
         "adapted_together": together if mode == "oag" else None,
         # the adapted image's place in the plane of the paper's Fig. 7 (--report)

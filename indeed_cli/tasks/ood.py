@@ -110,6 +110,15 @@ def ood_score(features: np.ndarray, ood: dict) -> float:
     return _image_score(z, _points(ood), int(ood["k"]))
 
 
+def image_ood_score(ckpt, image: np.ndarray, opts=None) -> float | None:
+    """The OOD score of one (C, h, w) image under ``ckpt`` (None when the checkpoint has no
+    statistics): one inference pass, as `indeed denoise --json` computes it."""
+    ood = ckpt.extra.get("ood")
+    if not ood:
+        return None
+    return ood_score(ood_features(denoise_with_stats(ckpt, image, opts)[1]), ood)
+
+
 def ood_report(features: np.ndarray, ood: dict | None) -> dict:
     """The fields `decompose/denoise --json` print: score, threshold, flag (None without stats)."""
     if not ood:

@@ -178,3 +178,46 @@ def test_adapt_report_plots_the_elbo_plane(run_cli, tmp_path, rng):
         "adapt", d, "--mode", "oag", "-o", tmp_path / "o2", "-w", w, "--report", tmp_path / "fig7.png"
     )
     assert code == 2 and "exists" in err  # the report is an output like the others
+
+
+def test_adapt_decides_per_image_from_the_ood_score(run_cli, tmp_path, rng):
+    """--decide ood: an image the OOD score finds in distribution keeps the plain
+    result (JSON adapted false, byte-identical to `indeed denoise`); --decide always adapts it."""
+    from indeed_cli import load_checkpoint, save_checkpoint
+    from indeed_cli.tasks.ood import fit_ood, image_ood_score
+
+    d = tmp_path / "in"
+    d.mkdir()
+    write_png(d / "busy.png", rng.integers(0, 256, (40, 36), dtype=np.uint8))
+    write_png(d / "flat.png", np.full((40, 36), 128, dtype=np.uint8))
+    m = tiny_model(1)
+    g = np.random.default_rng(1)
+    stats = fit_ood([g.normal(size=(6, 2)) for _ in range(4)])
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, m, {}, {"ood": stats})
+    ck = load_checkpoint(path)
+    from indeed_cli import read_image
+
+    scores = {n: image_ood_score(ck, read_image(d / f"{n}.png").data) for n in ("busy", "flat")}
+    stats["threshold"] = sum(scores.values()) / 2
+    save_checkpoint(path, m, {}, {"ood": stats})
+    flagged = {n: s > stats["threshold"] for n, s in scores.items()}
+    assert sorted(flagged.values()) == [False, True]
+    for mode in ("oag", "ag"):
+        code, out, err = run_cli("adapt", d, "--mode", mode, "-o", tmp_path / mode, "-w", path, "--steps", "2",
+                                 "--lr", "1e-2", "--decide", "ood", "--denoised-only", "--json", "-q")  # fmt: skip
+        assert code == 0, err
+        recs = {Path(r["image"]).stem: r for r in map(json.loads, out.splitlines())}
+        for n, r in recs.items():
+            assert flagged[n] or r["adapted"] is False
+            assert abs(r["ood_score"] - scores[n]) < 1e-3
+            assert (r["stop"] == "in distribution") == (not flagged[n])
+        calm = next(n for n in flagged if not flagged[n])
+        code, _, err = run_cli("denoise", d / f"{calm}.png", "-o", tmp_path / f"plain_{mode}.png", "-w", path, "-q")
+        assert code == 0, err
+        assert (tmp_path / mode / f"{calm}.png").read_bytes() == (tmp_path / f"plain_{mode}.png").read_bytes()
+    code, out, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "all", "-w", path, "--steps", "2",
+                             "--decide", "always", "--denoised-only", "--json", "-q")  # fmt: skip
+    assert code == 0, err
+    assert all(json.loads(x)["stop"] != "in distribution" for x in out.splitlines())
+    assert run_cli("adapt", d, "-o", tmp_path / "x", "-w", path, "--decide", "never")[0] == 2

@@ -48,7 +48,7 @@ def test_adapt_says_what_it_is_doing(run_cli, folder, tmp_path, ckpt_paths):
     code, _, err = run_cli("adapt", folder, "-o", tmp_path / "ag", "-w", ckpt_paths[3], "--steps", "2",
                            "--denoised-only")  # fmt: skip
     assert code == 0, err
-    assert "adapting module S on 3 images" in err and "adapted module S on 3 images" in err
+    assert "adapting module S on 3 images" in err and "adapted module S on 3 of 3 images" in err
     assert "3 of 3 images done" in err
 
 

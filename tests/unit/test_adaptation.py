@@ -107,7 +107,8 @@ def test_grouped_adaptations_match_separate_ones(rng):
         rng.random((3, 100, 70)),
     ]
     imgs = [x.astype(np.float32) for x in imgs]
-    cfg = AdaptConfig(modules="S", steps=6, lr=1e-4, eval_every=1, patience=2, max_change=1.5, sample=False)
+    cfg = AdaptConfig(modules="S", steps=6, lr=1e-4, eval_every=1, patience=2, max_change=1.5, sample=False,
+                      decide="always")  # fmt: skip
     together = adapt_each(ck, [[x] for x in imgs], replace(cfg, group=4), tile=32)  # {0,1,2,3} and {4}
     alone = [adapt_each(ck, [[x]], replace(cfg, group=1), tile=32)[0] for x in imgs]
     assert all(a.best_step > 0 for a in alone)  # the weights really moved
@@ -207,7 +208,7 @@ def test_default_step_limit_depends_on_the_mode(rng):
     from indeed_cli.tasks.adaptation import AG_STEPS, OAG_STEPS
 
     ck = _ckpt()
-    cfg = AdaptConfig(eval_every=1, patience=100, max_change=1e9, train_stride=16)  # nothing stops early
+    cfg = AdaptConfig(eval_every=1, patience=100, max_change=1e9, train_stride=16, decide="always")  # no early stop
     ag = adapt(ck, _images(rng), cfg, tile=32)
     oag = adapt_each(ck, [[x] for x in _images(rng)[:1]], cfg, tile=32)[0]
     assert ag.checkpoint.training["adapted"]["steps"] == AG_STEPS and len(ag.history) == AG_STEPS + 1
@@ -224,7 +225,7 @@ def test_keep_latest_follows_an_objective_that_rises_before_it_falls():
     losses = [-17.440, -17.356, -17.317, -17.301, -17.310, -17.330, -17.351, -17.375, -17.401, -17.426]
     kept = {}
     for keep in ("best", "latest"):
-        rule = EarlyStopping.start(AdaptConfig(keep=keep), {"loss": -17.334, "abs_N": 0.01})
+        rule = EarlyStopping.start(AdaptConfig(keep=keep, patience=6), {"loss": -17.334, "abs_N": 0.01})
         for i, loss in enumerate(losses):
             rule.update({"step": 2 * (i + 1), "loss": loss, "abs_N": 0.01, "change": 1.0})
             if not rule.running:
@@ -238,3 +239,103 @@ def test_keep_latest_follows_an_objective_that_rises_before_it_falls():
     assert rule.best_step == 0 and rule.stop == "no improvement"
     with pytest.raises(ValueError, match="keep"):
         AdaptConfig(keep="last").check()
+
+
+def test_ag_runs_all_its_steps_when_the_objective_stays_above_the_start_for_long():
+    """With patience 6, an objective above the start from step 8 to 18 stopped AG at step 18 and
+    kept step 6 (fp32, PolyU scene-dev); AG's default patience (0: never) reaches step 20."""
+    from indeed_cli.tasks.adaptation import AdaptConfig
+    from indeed_cli.tasks.adaptation.config import AG_PATIENCE
+    from indeed_cli.tasks.adaptation.stopping import EarlyStopping
+
+    losses = [-1.1, -1.05, -1.01, -0.9, -0.9, -0.9, -0.9, -0.9, -0.9, -1.2]  # steps 2..20, start -1.0
+    kept = {}
+    for patience in (6, AG_PATIENCE):
+        rule = EarlyStopping.start(AdaptConfig(keep="latest", patience=patience), {"loss": -1.0, "abs_N": 0.01})
+        for i, loss in enumerate(losses):
+            rule.update({"step": 2 * (i + 1), "loss": loss, "abs_N": 0.01, "change": 1.0})
+            if not rule.running:
+                break
+        kept[patience] = (rule.best_step, rule.stop)
+    assert kept == {6: (6, "no improvement"), AG_PATIENCE: (20, "steps")}
+    with pytest.raises(ValueError, match="patience"):
+        AdaptConfig(patience=-1).check()
+
+
+def _with_ood(ck, images, threshold_between):
+    """``ck`` with OOD statistics fitted on random tile features and a threshold that lies
+    between the scores of images[i] and images[j] (i scored in distribution, j flagged)."""
+    from indeed_cli.tasks.ood import fit_ood, image_ood_score
+
+    g = np.random.default_rng(1)
+    ck = Checkpoint(ck.model, ck.config, {}, {"ood": fit_ood([g.normal(size=(6, 2)) for _ in range(4)])}, "tiny")
+    scores = [image_ood_score(ck, im) for im in images]
+    lo, hi = sorted(scores[k] for k in threshold_between)
+    assert lo < hi
+    ck.extra["ood"]["threshold"] = (lo + hi) / 2
+    return ck, scores
+
+
+def test_decide_ood_adapts_only_the_flagged_images(rng):
+    """AG with decide="ood": the adaptation sees the flagged image alone, and says which one."""
+    imgs = [rng.random((1, 40, 36)).astype(np.float32), 0.5 + 0.01 * rng.random((1, 40, 36)).astype(np.float32)]
+    ck, scores = _with_ood(_ckpt(), imgs, (0, 1))
+    flagged = [s > ck.extra["ood"]["threshold"] for s in scores]
+    cfg = AdaptConfig(modules="S", steps=2, lr=1e-3, eval_every=1, max_change=1e9, seed=3, decide="ood")
+    res = adapt(ck, imgs, cfg, tile=32)
+    assert res.adapted_images == flagged and res.ood_scores == scores
+    alone = adapt(ck, [im for im, f in zip(imgs, flagged) if f], replace(cfg, decide="always"), tile=32)
+    assert res.history == alone.history
+    for k, v in alone.checkpoint.model.state_dict().items():
+        assert torch.equal(v, res.checkpoint.model.state_dict()[k])
+
+
+def test_decide_ood_keeps_the_starting_weights_of_an_image_in_distribution(rng):
+    """OAG: the image under the threshold is not adapted (its result is the starting checkpoint
+    itself, nothing run); the one above is; decide="always" adapts both."""
+    imgs = [rng.random((1, 40, 36)).astype(np.float32), 0.5 + 0.01 * rng.random((1, 40, 36)).astype(np.float32)]
+    ck, scores = _with_ood(_ckpt(), imgs, (0, 1))
+    cfg = AdaptConfig(modules="S", steps=2, lr=1e-3, eval_every=1, max_change=1e9, decide="ood")
+    res = adapt_each(ck, [[im] for im in imgs], cfg, tile=32)
+    for r, s in zip(res, scores):
+        if s > ck.extra["ood"]["threshold"]:
+            assert r.adapted_images == [True] and r.history and r.checkpoint is not ck
+        else:
+            assert r.adapted_images == [False] and r.stop == "in distribution"
+            assert r.checkpoint is ck and r.history == [] and r.ood_scores == [s]
+    both = adapt_each(ck, [[im] for im in imgs], replace(cfg, decide="always"), tile=32)
+    assert all(r.history and r.adapted_images == [True] and r.ood_scores == [None] for r in both)
+    with pytest.raises(ValueError, match="decide"):
+        replace(cfg, decide="never").check()
+
+
+def test_decide_change_keeps_the_start_when_the_first_steps_move_the_output_little():
+    """decide="change": the first evaluation must move L + S by FIRST_CHANGE_RATIO x the RMS of the
+    starting residual, or the starting weights are kept; later evaluations are judged as usual."""
+    from indeed_cli.tasks.adaptation import OAG_DECIDE, EarlyStopping
+    from indeed_cli.tasks.adaptation.config import FIRST_CHANGE_RATIO
+
+    start = {"step": 0, "loss": -5.0, "abs_N": 1.0, "change": 0.0, "rms_N": 2.0}
+    cfg = AdaptConfig(decide="change", max_change=100.0)
+    small = EarlyStopping.start(cfg, start)
+    assert not small.update({"step": 2, "loss": -6.0, "abs_N": 1.1, "change": 0.99 * FIRST_CHANGE_RATIO * 2.0})
+    assert small.stop == "small first change" and small.best_step == 0
+    large = EarlyStopping.start(cfg, start)
+    assert large.update({"step": 2, "loss": -6.0, "abs_N": 1.5, "change": 1.01 * FIRST_CHANGE_RATIO * 2.0})
+    assert large.running and large.best_step == 2
+    assert large.update({"step": 4, "loss": -7.0, "abs_N": 1.6, "change": 0.1})  # only the first is judged so
+    never = EarlyStopping.start(replace(cfg, decide="always"), start)
+    assert never.update({"step": 2, "loss": -6.0, "abs_N": 1.1, "change": 0.01}) and never.running
+    assert OAG_DECIDE == "change"
+
+
+def test_decide_defaults_depend_on_the_mode(rng):
+    """OAG decides per image from its first change, AG (one adaptation per folder) always adapts."""
+    ck = _ckpt()
+    cfg = AdaptConfig(steps=2, lr=1e-3, eval_every=1, max_change=1e9)
+    assert adapt(ck, _images(rng), cfg, tile=32).checkpoint.training["adapted"]["decide"] == "always"
+    oag = adapt_each(ck, [[x] for x in _images(rng)], cfg, tile=32)
+    assert all(r.checkpoint is ck or r.checkpoint.training["adapted"]["decide"] == "change" for r in oag)
+    for r in oag:  # an image whose first evaluation moved little kept the starting weights
+        moved = r.history[1]["change"] >= r.history[0]["rms_N"]
+        assert r.stop != "small first change" if moved else (r.stop == "small first change" and r.best_step == 0)

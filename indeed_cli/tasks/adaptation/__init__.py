@@ -1,14 +1,27 @@
 """Active generalization (paper §3.5): InDeedAG and InDeedOAG fine-tune one module of the network
 on out-of-distribution images with the unsupervised part of the ELBO."""
 
-from .config import AG_LR, AG_STEPS, OAG_LR, OAG_STEPS, AdaptConfig, AdaptResult, default_group, default_precision
+from .config import (
+    AG_DECIDE,
+    AG_LR,
+    AG_STEPS,
+    OAG_DECIDE,
+    OAG_LR,
+    OAG_STEPS,
+    AdaptConfig,
+    AdaptResult,
+    default_group,
+    default_precision,
+)
 from .objective import adaptation_objective, lowrank_factors
 from .runner import adapt, adapt_each, adapt_images, tiles_of
 from .stopping import EarlyStopping
 
 __all__ = [
+    "AG_DECIDE",
     "AG_LR",
     "AG_STEPS",
+    "OAG_DECIDE",
     "OAG_LR",
     "OAG_STEPS",
     "AdaptConfig",

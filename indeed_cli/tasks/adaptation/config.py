@@ -23,7 +23,27 @@ OAG_STEPS = 12
 # first steps and then falls below the start: "best" kept step 2 in fp32 (PolyU even half, H100:
 # 36.37 dB) where "latest" kept step 20 (38.00 dB; bf16 38.02), docs/reports/2026-11-27-adaptation-heavy-noise.md.
 AG_KEEP = "latest"
-OAG_KEEP = "best"  # not measured with "latest" yet
+OAG_KEEP = "best"  # OAG scored the same with "latest" (PolyU even half, fp32: 35.81 vs 35.80 dB)
+# Which images an adaptation may change (AdaptConfig.decide; measured in
+# docs/reports/2026-11-27-adaptation-decision.md, 4 x H200, fp32):
+#   "change": keep the starting weights when the first evaluation moved the output by less than
+#     FIRST_CHANGE_RATIO x the RMS of the starting residual N (stopping.EarlyStopping).  OAG's
+#     default: on synthetic camera noise (light to heavy), where adapting cost up to 1.9 dB on
+#     single images, it kept the plain result of every image but a few light-noise ones; on
+#     PolyU it kept OAG's gains (scene halves 37.08 / 37.34 dB against 37.10 / 37.34 always).
+#   "ood": adapt only the images the checkpoint's OOD score flags (tasks.ood).  It kept half of
+#     PolyU100's images from adapting and lost 0.6 (OAG) to 1.3 dB (AG) of the gain there.
+#   "always": AG's default: one adaptation for a folder has no per-image first step to read, and
+#     "change" stopped it on every set (its smaller learning rate moves the output less).
+# Evaluations without improvement before an adaptation stops.  AG runs all its steps: with keep
+# "latest", a patience of 6 stopped fp32 AG on PolyU's scene-dev half at step 18 while its
+# objective was still above the start's, keeping step 6 (36.45 dB); run to step 20 it kept step
+# 20 (37.65 dB on the 2-core CPU; bf16 on an H200: 37.67), docs/reports/2026-11-27-adaptation-decision.md.
+AG_PATIENCE = 0  # 0: never stop for lack of improvement
+OAG_PATIENCE = 6
+AG_DECIDE = "always"
+OAG_DECIDE = "change"
+FIRST_CHANGE_RATIO = 1.0  # decide="change": stopping.EarlyStopping
 
 
 @dataclass
@@ -33,13 +53,14 @@ class AdaptConfig:
     lr: float | None = None  # None: AG_LR in adapt() (InDeedAG), OAG_LR in adapt_each()/adapt_images() (InDeedOAG)
     batch: int = 8
     eval_every: int = 2
-    patience: int = 6
+    patience: int | None = None  # None: AG_PATIENCE in adapt(), OAG_PATIENCE otherwise; 0: never
     eval_tiles: int = 16
     max_tiles: int = 512
     train_stride: int | None = None  # step between training tiles; None: the tile size (no overlap)
     max_change: float = 2.5  # RMS change of L + S on the evaluation tiles, 8-bit units
     keep: str | None = None  # "best" or "latest" (EarlyStopping); None: AG_KEEP in adapt(), OAG_KEEP otherwise
     collapse_ratio: float = 0.2
+    decide: str | None = None  # "change", "ood" or "always"; None: AG_DECIDE in adapt(), OAG_DECIDE otherwise
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
     # "bf16": the network runs in bf16, the objective in fp32; "auto" (default_precision, what
     # `indeed adapt` uses): bf16 where the hardware computes it natively (a CPU with AMX: OAG 2.4x
@@ -57,6 +78,10 @@ class AdaptConfig:
             raise ValueError(f"precision must be fp32, bf16 or auto, got {self.precision!r}")
         if self.keep not in (None, "best", "latest"):
             raise ValueError(f"keep must be best or latest, got {self.keep!r}")
+        if self.decide not in (None, "ood", "change", "always"):
+            raise ValueError(f"decide must be ood, change or always, got {self.decide!r}")
+        if self.patience is not None and self.patience < 0:
+            raise ValueError(f"patience must be 0 (never) or more, got {self.patience}")
         if self.group is not None and self.group < 1:
             raise ValueError(f"group must be at least 1, got {self.group}")
 
@@ -66,7 +91,11 @@ class AdaptResult:
     checkpoint: Checkpoint
     history: list[dict] = field(default_factory=list)
     best_step: int = 0
-    stop: str = "steps"
+    stop: str = "steps"  # why it stopped; "in distribution": nothing adapted (decide="ood")
+    # per image given (decide="ood"): its OOD score, and whether the adaptation used it; the weights
+    # are meant for the images it used, the others keep the starting weights
+    ood_scores: list[float | None] | None = None
+    adapted_images: list[bool] | None = None
 
 
 def default_precision(device: torch.device, cpu_flags: str | None = None) -> str:

@@ -23,14 +23,19 @@ import torch
 import torch.distributed as tdist
 from torch.func import vmap
 
-from ...inference import TileGrid, as_model_channels
+from ...inference import InferenceOptions, TileGrid, as_model_channels
 from ...model import Checkpoint
+from ..ood import image_ood_score
 from .config import (
+    AG_DECIDE,
     AG_KEEP,
     AG_LR,
+    AG_PATIENCE,
     AG_STEPS,
+    OAG_DECIDE,
     OAG_KEEP,
     OAG_LR,
+    OAG_PATIENCE,
     OAG_STEPS,
     AdaptConfig,
     AdaptResult,
@@ -70,6 +75,10 @@ def adapt(
         cfg = replace(cfg, steps=AG_STEPS)
     if cfg.keep is None:
         cfg = replace(cfg, keep=AG_KEEP)
+    if cfg.decide is None:
+        cfg = replace(cfg, decide=AG_DECIDE)
+    if cfg.patience is None:
+        cfg = replace(cfg, patience=AG_PATIENCE)
     return adapt_each(ckpt, [images], cfg, tile, log)[0]
 
 
@@ -89,6 +98,10 @@ def adapt_each(
         cfg = replace(cfg, steps=OAG_STEPS)
     if cfg.keep is None:
         cfg = replace(cfg, keep=OAG_KEEP)
+    if cfg.decide is None:
+        cfg = replace(cfg, decide=OAG_DECIDE)
+    if cfg.patience is None:
+        cfg = replace(cfg, patience=OAG_PATIENCE)
     device = next(ckpt.model.parameters()).device
     if cfg.precision == "auto":
         cfg = replace(cfg, precision=default_precision(device))
@@ -98,8 +111,15 @@ def adapt_each(
     names = [n for n, p in model.named_parameters() if id(p) in trainable]
     frozen = {n: t for n, t in [*model.named_parameters(), *model.named_buffers()] if n not in names}
     torch.manual_seed(cfg.seed)
+    decisions = [decide(ckpt, images, cfg, tile) for images in image_sets]
+    results: list[AdaptResult | None] = [
+        None if any(flags) else AdaptResult(ckpt, [], 0, "in distribution", scores, flags)
+        for scores, flags in decisions
+    ]
+    todo = [i for i, r in enumerate(results) if r is None]
     jobs = []
-    for images in image_sets:
+    for i in todo:
+        images = [im for im, flag in zip(image_sets[i], decisions[i][1]) if flag]
         gen = torch.Generator().manual_seed(cfg.seed)
         pool = tiles_of(images, tile, cfg.max_tiles, gen).to(device)
         # at least one evaluation tile per image (up to 128): with many images (AG), 16 tiles
@@ -114,7 +134,6 @@ def adapt_each(
     by_shape: dict[tuple, list[int]] = {}
     for i, j in enumerate(jobs):  # entries batch together when their tensors have the same shapes
         by_shape.setdefault((j["batch"], *j["eval"].shape), []).append(i)
-    results: list[AdaptResult | None] = [None] * len(jobs)
     for members in by_shape.values():
         for c in range(0, len(members), group):
             chunk = members[c : c + group]
@@ -135,13 +154,30 @@ def adapt_each(
                         "loss_curve": history,
                     },
                 }
-                results[i] = AdaptResult(
+                results[todo[i]] = AdaptResult(
                     Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
                     history,
                     best_step,
                     stop,
+                    *decisions[todo[i]],
                 )
     return results
+
+
+def decide(
+    ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig, tile: int = 128
+) -> tuple[list[float | None], list[bool]]:
+    """Per image: its OOD score and whether to adapt on it (``cfg.decide``; config.OAG_DECIDE).
+
+    "ood" adapts on the images whose score is above the checkpoint's threshold, scored with the
+    default inference options (those the checkpoint's statistics were computed with, whatever
+    ``tile`` the adaptation uses).  "always" and "change" (which the stopping rule decides), or a
+    checkpoint without OOD statistics, adapt on every image (scores None: not computed)."""
+    ood = ckpt.extra.get("ood")
+    if cfg.decide != "ood" or not ood:
+        return [None] * len(images), [True] * len(images)
+    scores = [image_ood_score(ckpt, im, InferenceOptions()) for im in images]
+    return scores, [s > ood["threshold"] for s in scores]
 
 
 def adapt_images(
@@ -248,9 +284,10 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
         with torch.no_grad():
             obj, X = run(params, E, False, eval_factors)
             loss, abs_N = obj.mean(1), (E - X).abs().flatten(1).mean(1)
+            rms_N = 255 * (E - X).square().flatten(1).mean(1).sqrt()
             change = 255 * (X - X0).square().flatten(1).mean(1).sqrt() if X0 is not None else torch.zeros_like(loss)
-            rows = torch.stack([loss, abs_N, change], 1).tolist()  # one host sync per evaluation
-        return [dict(zip(("loss", "abs_N", "change"), r)) for r in rows], X
+            rows = torch.stack([loss, abs_N, change, rms_N], 1).tolist()  # one host sync per evaluation
+        return [dict(zip(("loss", "abs_N", "change", "rms_N"), r)) for r in rows], X
 
     start, X0 = evaluate()
     history = [[{"step": 0, **s}] for s in start]

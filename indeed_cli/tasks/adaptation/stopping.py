@@ -6,8 +6,14 @@ means on a fixed set of tiles.  An adaptation stops
     the starting weights: the trust region that bounds how far the network's function (its
     Lipschitz behaviour, in the paper's words) may drift; the objective keeps falling beyond
     it while the image is being smoothed away;
-  - after ``patience`` evaluations without improvement of the objective;
-  - on a non-finite loss, or on collapse (mean |N| below ``collapse_ratio`` of its start).
+  - after ``patience`` evaluations without improvement of the objective (0: never; AG's default);
+  - on a non-finite loss, or on collapse (mean |N| below ``collapse_ratio`` of its start);
+  - with ``decide="change"``, at the first evaluation when the output has moved by less than
+    FIRST_CHANGE_RATIO times the RMS of the starting residual N: the starting weights are kept.
+    Where the plain model already removes most of the noise, the first steps move the output by
+    a fraction of its residual and go on to smooth the image; where it misreads the noise as
+    signal (real camera noise), they move it by several times its residual
+    (docs/reports/2026-11-27-adaptation-decision.md).
 The weights kept (``keep``) are the best evaluated ones inside the trust region ("best"), or the
 latest evaluated ones whose objective is no worse than the starting weights' ("latest"; patience
 then counts evaluations above the start); the starting weights if none qualifies: adaptation
@@ -21,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import AdaptConfig
+from .config import FIRST_CHANGE_RATIO, AdaptConfig
 
 
 @dataclass
@@ -29,7 +35,7 @@ class EarlyStopping:
     """The stopping rule for one adaptation, fed one evaluation record at a time."""
 
     max_change: float
-    patience: int
+    patience: int  # 0: never stop for lack of improvement
     collapse_ratio: float
     start_abs_N: float  # mean |N| with the starting weights
     best: float  # the best objective so far (at the start: the starting weights')
@@ -37,12 +43,19 @@ class EarlyStopping:
     bad: int = 0  # evaluations since the last improvement
     stop: str = "steps"  # why it stopped; "steps" while it runs (and when it ran all its steps)
     keep: str = "best"  # "best" or "latest" (module doc)
+    # decide="change": the first evaluation must move the output by at least this share of the
+    # starting residual's RMS, or the starting weights are kept (config.FIRST_CHANGE_RATIO)
+    first_change: float | None = None
+    start_rms_N: float = 0.0
+    evaluations: int = 0
 
     @classmethod
     def start(cls, cfg: AdaptConfig, first: dict) -> EarlyStopping:
-        """The rule for an adaptation whose evaluation at step 0 gave ``first`` (loss, abs_N)."""
+        """The rule for an adaptation whose evaluation at step 0 gave ``first`` (loss, abs_N, rms_N)."""
         keep = cfg.keep or "best"
-        return cls(cfg.max_change, cfg.patience, cfg.collapse_ratio, first["abs_N"], first["loss"], keep=keep)
+        ratio = FIRST_CHANGE_RATIO if cfg.decide == "change" else None
+        return cls(cfg.max_change, cfg.patience or 0, cfg.collapse_ratio, first["abs_N"], first["loss"], keep=keep,
+                   first_change=ratio, start_rms_N=first.get("rms_N", 0.0))  # fmt: skip
 
     @property
     def running(self) -> bool:
@@ -50,8 +63,15 @@ class EarlyStopping:
 
     def update(self, rec: dict) -> bool:
         """Judge one evaluation (step, loss, abs_N, change); True when its weights are the new best."""
+        self.evaluations += 1
         if not math.isfinite(rec["loss"]):
             self.stop = "non-finite loss"
+        elif (
+            self.first_change is not None
+            and self.evaluations == 1
+            and (rec["change"] < self.first_change * self.start_rms_N)
+        ):
+            self.stop = "small first change"
         elif rec["change"] > self.max_change:
             self.stop = "trust region"
         elif rec["abs_N"] < self.collapse_ratio * self.start_abs_N:
@@ -64,6 +84,6 @@ class EarlyStopping:
             return True
         else:
             self.bad += 1
-            if self.bad >= self.patience:
+            if self.patience and self.bad >= self.patience:
                 self.stop = "no improvement"
         return False
