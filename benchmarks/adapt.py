@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cbm3d_method, ffdnet_method  # noqa: E402
 
-from indeed_cli import InferenceOptions, decompose, denoise, load_model  # noqa: E402
+from indeed_cli import InferenceOptions, denoise, load_model  # noqa: E402
 from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import (  # noqa: E402
     add_awgn,
@@ -42,7 +42,7 @@ from indeed_cli.metrics import (  # noqa: E402
 )
 from indeed_cli.tasks.adaptation import AdaptConfig, adapt, adapt_each, default_group  # noqa: E402
 from indeed_cli.tasks.camera_noise import camera_pair, parse_noise  # noqa: E402
-from indeed_cli.tasks.ood import ood_features, ood_score  # noqa: E402
+from indeed_cli.tasks.ood import image_ood_score  # noqa: E402
 
 
 def estimate_sigma255(y: np.ndarray) -> float:
@@ -210,10 +210,7 @@ def ood_rows(ck, data, clean_dir: Path, sigma: float, limit: int | None, opts) -
     ood = ck.extra.get("ood")
     if not ood:
         raise SystemExit("the checkpoint has no OOD statistics (indeed calibrate)")
-    rows = [
-        {"method": "ood", "set": "real", "image": n, "ood_score": ood_score(ood_features(decompose(ck, y, opts)), ood)}
-        for n, y, _ in data
-    ]
+    rows = [{"method": "ood", "set": "real", "image": n, "ood_score": image_ood_score(ck, y, opts)} for n, y, _ in data]
     clean = sorted(p for p in clean_dir.iterdir() if p.suffix.lower() in (".png", ".jpg", ".bmp", ".tif"))
     for p in clean[:limit] if limit else clean:
         y = add_awgn(read_image(p).data, sigma, image_seed(p.name, sigma))
@@ -222,7 +219,7 @@ def ood_rows(ck, data, clean_dir: Path, sigma: float, limit: int | None, opts) -
                 "method": "ood",
                 "set": f"awgn{sigma:g}",
                 "image": p.name,
-                "ood_score": ood_score(ood_features(decompose(ck, y, opts)), ood),
+                "ood_score": image_ood_score(ck, y, opts),
             }
         )
     for r in rows:

@@ -219,13 +219,13 @@ def _product(
         dec = decompose(res.checkpoint, img, opts)
         out, tiles = dec.maps["L"] + dec.maps["S"], dec.tiles
         nbytes = out.nbytes + sum(v.nbytes for v in dec.maps.values())
-    ran = bool(res.history)  # False: the image scored in distribution and kept the starting weights
+    ran = bool(res.history)  # False: --decide ood left the image alone (no evaluation to report)
     record = {
         "image": str(src),
         "output": str(files["denoised"]),
         "mode": mode,
         "modules": cfg.modules,
-        "adapted": ran and res.best_step > 0,  # weights other than the starting ones were kept
+        "adapted": res.best_step > 0,  # weights other than the starting ones were kept
         "ood_score": _max_score(res.ood_scores or []),
         "best_step": res.best_step,
         "stop": res.stop,

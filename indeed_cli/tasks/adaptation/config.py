@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -44,6 +44,9 @@ OAG_PATIENCE = 6
 AG_DECIDE = "always"
 OAG_DECIDE = "change"
 FIRST_CHANGE_RATIO = 1.0  # decide="change": stopping.EarlyStopping
+# The settings left None in AdaptConfig, per mode: adapt() (InDeedAG) and adapt_each() (InDeedOAG)
+AG_DEFAULTS = {"lr": AG_LR, "steps": AG_STEPS, "keep": AG_KEEP, "decide": AG_DECIDE, "patience": AG_PATIENCE}
+OAG_DEFAULTS = {"lr": OAG_LR, "steps": OAG_STEPS, "keep": OAG_KEEP, "decide": OAG_DECIDE, "patience": OAG_PATIENCE}
 
 
 @dataclass
@@ -96,6 +99,11 @@ class AdaptResult:
     # are meant for the images it used, the others keep the starting weights
     ood_scores: list[float | None] | None = None
     adapted_images: list[bool] | None = None
+
+
+def with_defaults(cfg: AdaptConfig, defaults: dict) -> AdaptConfig:
+    """``cfg`` with each setting it leaves None taken from ``defaults`` (AG_DEFAULTS, OAG_DEFAULTS)."""
+    return replace(cfg, **{k: v for k, v in defaults.items() if getattr(cfg, k) is None})
 
 
 def default_precision(device: torch.device, cpu_flags: str | None = None) -> str:

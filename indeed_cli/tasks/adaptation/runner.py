@@ -27,20 +27,13 @@ from ...inference import InferenceOptions, TileGrid, as_model_channels
 from ...model import Checkpoint
 from ..ood import image_ood_score
 from .config import (
-    AG_DECIDE,
-    AG_KEEP,
-    AG_LR,
-    AG_PATIENCE,
-    AG_STEPS,
-    OAG_DECIDE,
-    OAG_KEEP,
-    OAG_LR,
-    OAG_PATIENCE,
-    OAG_STEPS,
+    AG_DEFAULTS,
+    OAG_DEFAULTS,
     AdaptConfig,
     AdaptResult,
     default_group,
     default_precision,
+    with_defaults,
 )
 from .objective import adaptation_objective, lowrank_factors, take
 from .stopping import EarlyStopping
@@ -69,17 +62,7 @@ def adapt(
 ) -> AdaptResult:
     """InDeedAG: fine-tune one copy of ``ckpt`` on all ``images`` ((C, h, w) floats in [0, 1],
     the model's channels)."""
-    if cfg.lr is None:
-        cfg = replace(cfg, lr=AG_LR)
-    if cfg.steps is None:
-        cfg = replace(cfg, steps=AG_STEPS)
-    if cfg.keep is None:
-        cfg = replace(cfg, keep=AG_KEEP)
-    if cfg.decide is None:
-        cfg = replace(cfg, decide=AG_DECIDE)
-    if cfg.patience is None:
-        cfg = replace(cfg, patience=AG_PATIENCE)
-    return adapt_each(ckpt, [images], cfg, tile, log)[0]
+    return adapt_each(ckpt, [images], with_defaults(cfg, AG_DEFAULTS), tile, log)[0]
 
 
 def adapt_each(
@@ -92,16 +75,7 @@ def adapt_each(
     call returns, so pass a bounded number of entries (the CLI passes one group at a time).
     """
     cfg.check()
-    if cfg.lr is None:
-        cfg = replace(cfg, lr=OAG_LR)
-    if cfg.steps is None:
-        cfg = replace(cfg, steps=OAG_STEPS)
-    if cfg.keep is None:
-        cfg = replace(cfg, keep=OAG_KEEP)
-    if cfg.decide is None:
-        cfg = replace(cfg, decide=OAG_DECIDE)
-    if cfg.patience is None:
-        cfg = replace(cfg, patience=OAG_PATIENCE)
+    cfg = with_defaults(cfg, OAG_DEFAULTS)
     device = next(ckpt.model.parameters()).device
     if cfg.precision == "auto":
         cfg = replace(cfg, precision=default_precision(device))
