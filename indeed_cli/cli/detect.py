@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -30,23 +29,12 @@ def detect_cmd(
             help="Read-out scales, e.g. 1,0.5,0.25 (maps averaged); default: those stored with the threshold.",
         ),
     ] = None,
-    tiled: Annotated[
-        bool,
-        typer.Option(
-            "--tiled",
-            help="Read a support posterior out tile by tile, as the exported ONNX tile network does, "
-            "instead of on the whole image (slower; maps differ slightly).",
-        ),
-    ] = False,
     run: RunOptions = RunOptions(),
 ) -> None:
     """Detect anomalies (defects) pixel by pixel; one JSON line per image with --json."""
     read_scales = parse_scales(scales) if scales else None
     report = Reporter(run.json_out, run.quiet)
-    kw = run.folder_run(report)
-    if tiled:
-        kw["options"] = replace(kw["options"], whole_image=False)
-    detect_folder(inputs, maps, threshold=threshold, scales=read_scales, **kw)
+    detect_folder(inputs, maps, threshold=threshold, scales=read_scales, **run.folder_run(report))
     report.finish(flag_summary(report.processed()))
 
 

@@ -66,12 +66,24 @@ Compile = Annotated[
     ),
 ]
 
+Tiled = Annotated[
+    bool,
+    typer.Option(
+        "--tiled",
+        help="Run the sparse (and support) module tile by tile, as the exported ONNX tile network does, "
+        "instead of on the whole image (the default up to 1024x1024 pixels; slower, outputs differ slightly).",
+    ),
+]
+
 
 def inference_options(
-    tile: int, overlap: int, batch: int | None, precision: str, compile: bool = False
+    tile: int, overlap: int, batch: int | None, precision: str, compile: bool = False, tiled: bool = False
 ) -> InferenceOptions:
     """The InferenceOptions of the shared options, checked before any work."""
-    opts = InferenceOptions(tile=tile, overlap=overlap, batch=batch, precision=precision, compile=compile)
+    whole = False if tiled else None  # None: whole images up to WHOLE_IMAGE_PIXELS
+    opts = InferenceOptions(
+        tile=tile, overlap=overlap, batch=batch, precision=precision, compile=compile, whole_image=whole
+    )
     try:
         opts.check()
     except ValueError as e:
@@ -94,6 +106,7 @@ class RunOptions:
     quiet: bool = False
     recursive: bool = False
     compile_net: bool = False
+    tiled: bool = False
     skip_existing: bool = False
     shard: str | None = None
 
@@ -102,7 +115,7 @@ class RunOptions:
         return parse_shard(self.shard) if self.shard else shard_from_env()
 
     def inference(self) -> InferenceOptions:
-        return inference_options(self.tile, self.overlap, self.batch, self.precision, self.compile_net)
+        return inference_options(self.tile, self.overlap, self.batch, self.precision, self.compile_net, self.tiled)
 
     def folder_run(self, report: Reporter, skip_existing: bool = True) -> dict:
         """Keyword arguments of a folder pipeline (indeed_cli.pipelines) that these options set;
@@ -119,12 +132,12 @@ class RunOptions:
 SHARED = {  # name -> (annotation, default), in the order --help lists them
     "weights": (Weights, None), "device": (Device, "auto"), "tile": (Tile, 128), "overlap": (Overlap, 32),
     "batch": (Batch, None), "precision": (Precision, "fp32"), "json_out": (Json, False), "force": (Force, False),
-    "quiet": (Quiet, False), "recursive": (Recursive, False), "compile_net": (Compile, False),
+    "quiet": (Quiet, False), "recursive": (Recursive, False), "compile_net": (Compile, False), "tiled": (Tiled, False),
     "skip_existing": (SkipExisting, False),
     "shard": (Shard, None),
 }  # fmt: skip
 ALL_SHARED = tuple(SHARED)
-INFERENCE = ("weights", "device", "tile", "overlap", "batch", "precision")
+INFERENCE = ("weights", "device", "tile", "overlap", "batch", "precision", "tiled")
 FOLDER = ("json_out", "force", "quiet", "recursive", "shard")  # what adapt shares with the other folder commands
 
 

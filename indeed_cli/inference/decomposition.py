@@ -26,7 +26,7 @@ from ..model import Checkpoint
 from ..model import posteriors as P
 from .channels import ChannelAdapter
 from .runtime import InferenceOptions, network_for
-from .tiling import TileGrid, tiled_apply
+from .tiling import TileGrid, tile_means, tiled_apply
 
 DECOMPOSE_MAPS = ("L", "S", "sigma_L", "sigma_S", "mu_omega", "mu_lambda")
 
@@ -155,6 +155,26 @@ def as_image(image) -> tuple[np.ndarray, LoadedImage | None]:
     return arr, None
 
 
+WHOLE_IMAGE_PIXELS = 1024 * 1024  # pixels (times the planes a gray model makes of colour) read out whole:
+# a 2000x2000 gray image so peaked at 2.1 GB against 0.76 GB by tiles, for 45 s against 51 s (2-core CPU)
+
+
+def reads_whole(ckpt: Checkpoint, data: np.ndarray, outputs: str, opts: InferenceOptions) -> bool:
+    """Whether :func:`tile_function`'s ``outputs`` of ``data`` are read out with f_thetaS (and
+    f_thetaM) on the whole image, mu_L still by tiles (docs/model.md, "Reading out a whole image").
+
+    ``opts.whole_image`` decides when set.  By default: images of at most
+    :data:`WHOLE_IMAGE_PIXELS`, except mu_S alone (the |mu_S| maps of detectors without f_thetaM,
+    whose thresholds were learned by tiles) and compiled denoising (``opts.compile`` compiles the
+    fixed-shape tile network)."""
+    if opts.whole_image is not None:
+        return opts.whole_image
+    if outputs == "sparse" or (opts.compile and outputs != "support"):
+        return False
+    planes = data.shape[0] if ckpt.config.channels == 1 else 1
+    return data.shape[1] * data.shape[2] * planes <= WHOLE_IMAGE_PIXELS
+
+
 def _run(
     ckpt: Checkpoint,
     data: np.ndarray,
@@ -164,6 +184,8 @@ def _run(
 ):
     device = next(ckpt.model.parameters()).device
     opts.check(ckpt.config.multiple)
+    if reads_whole(ckpt, data, outputs, opts):
+        return _run_whole(ckpt, data, outputs, opts, device, progress)
     fn = tile_function(ckpt, data.shape[0], outputs, opts)
     with torch.inference_mode():
         return tiled_apply(
@@ -175,6 +197,92 @@ def _run(
             device=device,
             progress=progress,
         )
+
+
+def _run_whole(
+    ckpt: Checkpoint,
+    data: np.ndarray,
+    outputs: str,
+    opts: InferenceOptions,
+    device: torch.device,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """:func:`_run` with f_thetaS (and f_thetaM) on the whole image, reflect-padded to the model's
+    size multiple; the low-rank module still factorises each tile (mu_L, sigma_L and the per-tile
+    gamma statistics stitched or gridded as by tiles).  f_thetaS and f_thetaM are U-Nets without
+    normalisation, so the whole image is the same operator without tile seams and at a third of
+    the work of overlapping tiles.  Per-tile ELBO terms of S and N are the means of their
+    per-element summands over each tile's window (:func:`tile_means`): the same windows as by tiles."""
+    if outputs not in ("denoise", "denoise+stats", "full", "support", "sparse"):
+        raise ValueError(f"unknown outputs {outputs!r}")
+    net, priors = network_for(ckpt, opts.precision), ckpt.config.priors
+    if outputs == "support" and net.support is None:
+        raise ValueError("this model has no support posterior (f_thetaM)")
+    adapter = ChannelAdapter(ckpt.config.channels, data.shape[0])
+    to_model, from_model = adapter.to_model, adapter.from_model
+    stats, full = outputs in ("denoise+stats", "full"), outputs == "full"
+
+    def lowrank_tiles(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
+        Y = to_model(tiles)
+        mu_A, sigma_A, mu_B, sigma_B = (t.float() for t in net.lowrank(Y))
+        out = {"L": from_model(P.low_rank(mu_A, mu_B))}
+        if not stats:
+            return out
+        B = tiles.shape[0]
+        a_g, b_g = P.gamma_posterior(mu_A, sigma_A, mu_B, sigma_B, priors)
+        mu_gamma = P.gamma_mean(a_g, b_g)
+        l_rank = P.rank_loss(mu_A, sigma_A, mu_B, sigma_B, mu_gamma) / float(Y[0].numel())
+        out["l_rank"] = l_rank.reshape(B, -1).mean(1)
+        if full:
+            out["sigma_L"] = from_model(P.low_rank_moments(mu_A, sigma_A, mu_B, sigma_B)[1])
+            out["mu_gamma"] = mu_gamma.reshape(B, -1, mu_gamma.shape[-1])
+            out["rank_index"] = P.rank_index(a_g, b_g).reshape(B, -1).float()
+            out["counted"] = P.rank_components(a_g, b_g).reshape(B, -1, mu_gamma.shape[-1]).float()
+        return out
+
+    with torch.inference_mode():
+        image = torch.from_numpy(data)
+        batch = opts.batch_for(device)
+        tiled, grids = tiled_apply(
+            lowrank_tiles, image, opts.tile, opts.overlap, batch, device, progress=progress, keep_on_device=True
+        )
+        h, w = data.shape[1:]
+        m = ckpt.config.multiple
+        pad = (0, (-w) % m, 0, (-h) % m)
+        mode = "reflect" if pad[1] < w and pad[3] < h else "replicate"
+        Y = F.pad(to_model(image[None].to(device)), pad, mode=mode)
+        L = F.pad(to_model(tiled["L"][None].to(device)), pad, mode=mode)
+        mu_S, sigma_S = net.sparse(Y - L, L)
+        if outputs == "support":
+            p = torch.sigmoid(net.support(Y, L, mu_S)).float()
+            return {"P": from_model(p).mean(1)[:, :h, :w].cpu()}, {}
+        Y, L, mu_S, sigma_S = (t[..., :h, :w].float() for t in (Y, L, mu_S, sigma_S))
+        if outputs == "sparse":
+            return {"S": from_model(mu_S)[0].cpu()}, {}
+        X = L + mu_S
+        maps = {"X": from_model(X)[0].cpu()}
+        if not stats:
+            return maps, {}
+        grid = TileGrid(h, w, opts.tile, opts.overlap)
+
+        def per_tile(terms: torch.Tensor) -> torch.Tensor:  # (planes, C, h, w) summands -> per tile
+            return tile_means(terms.mean((0, 1)), grid)
+
+        mu_omega = P.gamma_mean(*P.omega_posterior(mu_S, sigma_S, priors))
+        grids["l_sparse"] = per_tile(P.sparse_loss(mu_S, sigma_S, mu_omega, per_element=True))
+        if not full:
+            return maps, grids
+        mu_lambda = P.gamma_mean(*P.lambda_posterior(Y - X, priors))
+        grids["l_fid"] = per_tile(P.fidelity_loss(Y, L, mu_S, mu_lambda, per_element=True))
+        maps = {
+            "L": tiled["L"].cpu(),
+            "S": from_model(mu_S)[0].cpu(),
+            "sigma_L": tiled["sigma_L"].cpu(),
+            "sigma_S": from_model(sigma_S)[0].cpu(),
+            "mu_omega": from_model(mu_omega)[0].cpu(),
+            "mu_lambda": from_model(mu_lambda)[0].cpu(),
+        }
+        return maps, grids
 
 
 def n_tiles(h: int, w: int, opts: InferenceOptions) -> int:
@@ -210,10 +318,6 @@ def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, p
     return maps["S"].numpy()
 
 
-WHOLE_IMAGE_PIXELS = 1024 * 1024  # pixels (times the planes a gray detector makes of colour) read out whole:
-# a 2000x2000 gray image so peaked at 2.1 GB against 0.76 GB by tiles, for 45 s against 51 s (2-core CPU)
-
-
 def support_probability(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:
     """q(z = 1), the posterior probability that each pixel is in the support of S (f_thetaM of a
     detector that has one), float32 (h, w) in [0, 1]; a gray detector on a colour image reads each
@@ -224,44 +328,8 @@ def support_probability(ckpt: Checkpoint, image, opts: InferenceOptions | None =
     (``opts.whole_image``, by default for images of at most :data:`WHOLE_IMAGE_PIXELS`): a third
     of the work of overlapping tiles on a small image, and no tile seams (docs/model.md)."""
     data, _ = as_image(image)
-    opts = opts or InferenceOptions()
-    whole = opts.whole_image
-    if whole is None:
-        inputs = data.shape[0] if ckpt.config.channels == 1 else 1
-        whole = data.shape[1] * data.shape[2] * inputs <= WHOLE_IMAGE_PIXELS
-    if whole:
-        return _support_whole(ckpt, data, opts, progress)
-    maps, _ = _run(ckpt, data, "support", opts, progress)
+    maps, _ = _run(ckpt, data, "support", opts or InferenceOptions(), progress)
     return maps["P"].numpy()[0]
-
-
-def _support_whole(ckpt: Checkpoint, data: np.ndarray, opts: InferenceOptions, progress=None) -> np.ndarray:
-    """:func:`support_probability` with f_thetaS and f_thetaM on the whole image, reflect-padded to
-    the model's size multiple; mu_L stitched from the tiles as every map is."""
-    device = next(ckpt.model.parameters()).device
-    opts.check(ckpt.config.multiple)
-    net = network_for(ckpt, opts.precision)
-    if net.support is None:
-        raise ValueError("this model has no support posterior (f_thetaM)")
-    adapter = ChannelAdapter(ckpt.config.channels, data.shape[0])
-
-    def lowrank_tiles(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
-        mu_A, _, mu_B, _ = net.lowrank(adapter.to_model(tiles))
-        return {"L": adapter.from_model(P.low_rank(mu_A, mu_B).float())}
-
-    with torch.inference_mode():
-        image = torch.from_numpy(data)
-        batch = opts.batch_for(device)
-        maps, _ = tiled_apply(lowrank_tiles, image, opts.tile, opts.overlap, batch, device, progress=progress)
-        h, w = data.shape[1:]
-        m = ckpt.config.multiple
-        pad = (0, (-w) % m, 0, (-h) % m)
-        mode = "reflect" if pad[1] < w and pad[3] < h else "replicate"
-        Y = F.pad(adapter.to_model(image[None].to(device)), pad, mode=mode)
-        L = F.pad(adapter.to_model(maps["L"][None].to(device)), pad, mode=mode)
-        mu_S, _ = net.sparse(Y - L, L)
-        p = torch.sigmoid(net.support(Y, L, mu_S))
-        return adapter.from_model(p).mean(1)[0, :h, :w].float().cpu().numpy()
 
 
 def decompose(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> Decomposed:

@@ -121,6 +121,22 @@ class TileGrid:
         return acc[self.margin : self.margin + length]
 
 
+def tile_means(plane: Tensor, grid: TileGrid) -> Tensor:
+    """Mean of an (h, w) map over each tile window of ``grid``, the window cut as :meth:`TileGrid.cut`
+    cuts it (reflected where it leaves the image): (tiles_y, tiles_x).  A whole-image read-out
+    gives the per-tile statistics that a tiled one computes tile by tile.  Summed-area table in
+    float64, so large images lose no precision."""
+    h, w = plane.shape
+    if (h, w) != (grid.h, grid.w):
+        raise ValueError(f"plane is {h}x{w}, the grid is for {grid.h}x{grid.w}")
+    rows = reflect_index(np.arange(grid.ys[-1] + grid.tile) - grid.margin, h)
+    ext = plane.detach().double().cpu()[torch.from_numpy(rows)][:, torch.from_numpy(grid.cols_ext())]
+    table = F.pad(ext.cumsum(0).cumsum(1), (1, 0, 1, 0))
+    y0, x0, t = torch.tensor(grid.ys)[:, None], torch.tensor(grid.xs)[None, :], grid.tile
+    sums = table[y0 + t, x0 + t] - table[y0, x0 + t] - table[y0 + t, x0] + table[y0, x0]
+    return (sums / t**2).float()
+
+
 def _to_cpu(t: Tensor) -> Tensor:
     """Device -> host through pinned memory: a pageable copy of a large map ran at ~2 GB/s."""
     if t.device.type != "cuda":
@@ -140,13 +156,15 @@ def tiled_apply(
     dtype: torch.dtype = torch.float32,
     progress: Callable[[int], None] | None = None,
     resident_bytes: int = 2**31,
+    keep_on_device: bool = False,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Run ``fn`` on overlapping tiles of a (C, h, w) CPU image and stitch its outputs.
 
     ``fn`` takes a (B, C, tile, tile) batch on ``device`` and returns a dict of tensors.
     Outputs of shape (B, K, tile, tile) are blended into (K, h, w) maps; any other output
     (per-tile vectors such as mu_gamma) is collected into a (tiles_y, tiles_x, ...) grid.
-    Both come back as float32 CPU tensors.
+    Both come back as float32 CPU tensors (maps stay where they were accumulated with
+    ``keep_on_device``: on a GPU, the device, for a caller that goes on computing there).
 
     Work goes by rows of tiles (strips): a strip is cut on the CPU with reflected indices,
     moved to the device, split into tiles with ``unfold``, and the windowed outputs are
@@ -212,6 +230,6 @@ def tiled_apply(
             progress(nx * len(ys))
     norm = (g.coverage(g.ys, h)[:, None] * g.coverage(g.xs, w)[None, :]).to(home)
     for k in maps:
-        maps[k] = _to_cpu(maps[k] / norm)
+        maps[k] = maps[k] / norm if keep_on_device else _to_cpu(maps[k] / norm)
     grids = {k: torch.cat(v).reshape(*g.shape, *v[0].shape[1:]) for k, v in vectors.items()}
     return maps, grids

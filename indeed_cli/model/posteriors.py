@@ -91,9 +91,11 @@ def low_rank(A: Tensor, B: Tensor) -> Tensor:
     return torch.matmul(A, B.transpose(-1, -2))
 
 
-def fidelity_loss(Y: Tensor, L_hat: Tensor, S_hat: Tensor, mu_lambda: Tensor) -> Tensor:
-    """l_fid = 1/2 || sqrt(mu_Lambda) (.) (Y - (A_hat B_hat^T + S_hat)) ||_F^2, Eq. (l_fid)."""
-    return 0.5 * (mu_lambda * (Y - L_hat - S_hat).square()).flatten(1).sum(1)
+def fidelity_loss(Y: Tensor, L_hat: Tensor, S_hat: Tensor, mu_lambda: Tensor, per_element: bool = False) -> Tensor:
+    """l_fid = 1/2 || sqrt(mu_Lambda) (.) (Y - (A_hat B_hat^T + S_hat)) ||_F^2, Eq. (l_fid);
+    ``per_element``: the summands, shaped like Y (a whole-image read-out averages them per tile)."""
+    terms = 0.5 * (mu_lambda * (Y - L_hat - S_hat).square())
+    return terms if per_element else terms.flatten(1).sum(1)
 
 
 def rank_loss(mu_A: Tensor, sigma_A: Tensor, mu_B: Tensor, sigma_B: Tensor, mu_gamma: Tensor) -> Tensor:
@@ -110,10 +112,12 @@ def rank_loss(mu_A: Tensor, sigma_A: Tensor, mu_B: Tensor, sigma_B: Tensor, mu_g
     return 0.5 * (part(mu_A, sigma_A) + part(mu_B, sigma_B))
 
 
-def sparse_loss(mu_S: Tensor, sigma_S: Tensor, mu_omega: Tensor) -> Tensor:
-    """l_sparse, Eq. (VI L_sparse): KL of q(S) to p(S|Omega) up to constants."""
+def sparse_loss(mu_S: Tensor, sigma_S: Tensor, mu_omega: Tensor, per_element: bool = False) -> Tensor:
+    """l_sparse, Eq. (VI L_sparse): KL of q(S) to p(S|Omega) up to constants; ``per_element``: the
+    summands, shaped like mu_S."""
     var = sigma_S.square()
-    return 0.5 * (mu_S.square() * mu_omega + mu_omega * var - torch.log(var + EPS)).flatten(1).sum(1)
+    terms = 0.5 * (mu_S.square() * mu_omega + mu_omega * var - torch.log(var + EPS))
+    return terms if per_element else terms.flatten(1).sum(1)
 
 
 def orth_loss(A_hat: Tensor, B_hat: Tensor) -> Tensor:

@@ -323,3 +323,21 @@ def test_skip_existing_resumes_a_folder_run(run_cli, tmp_path, rng, ckpt_paths):
     (dec / "c_S.png").unlink()  # c has part of its outputs only
     code, _, err = run_cli("decompose", d, "-o", dec, "-w", ckpt_paths[3], "-q", "--skip-existing")
     assert code == 2 and "c_L.png" in err
+
+
+def test_denoise_tiled_option_selects_the_read_out(run_cli, tmp_path, rng, ckpt_paths):
+    """By default f_thetaS sees the whole image; --tiled runs it tile by tile (as the ONNX tile
+    network does). Each file is the Python API's result under the same options."""
+    from indeed_cli import InferenceOptions, denoise, load_model
+
+    src = write_png(tmp_path / "big.png", rng.integers(0, 256, (90, 150, 3), dtype=np.uint8))
+    ck = load_model(str(ckpt_paths[3]), device="cpu")
+    outs = {}
+    for name, extra, whole in (("whole", [], None), ("tiled", ["--tiled"], False)):
+        dst = tmp_path / f"{name}.png"
+        code, _, err = run_cli("denoise", src, "-o", dst, "-w", ckpt_paths[3], "--tile", 32, "--overlap", 8, *extra)
+        assert code == 0, err
+        outs[name] = np.asarray(Image.open(dst), dtype=np.int16)
+        want = denoise(ck, src, InferenceOptions(tile=32, overlap=8, whole_image=whole))
+        assert np.abs(outs[name] - np.round(want.transpose(1, 2, 0) * 255)).max() <= 1
+    assert np.abs(outs["whole"] - outs["tiled"]).max() > 1

@@ -56,7 +56,7 @@ def test_model_small_image_tiled_equals_single_pass():
     m = tiny_model(3)
     ck = Checkpoint(m, m.cfg)
     img = np.random.default_rng(0).random((3, 37, 31)).astype(np.float32)
-    opts = InferenceOptions(tile=64, overlap=16)
+    opts = InferenceOptions(tile=64, overlap=16, whole_image=False)
     out = denoise(ck, img, opts, clip=False)  # the raw posterior mean, as the model gives it
     grid = TileGrid(37, 31, 64, 16)
     tile = grid.cut(torch.from_numpy(img), 0, 0)[None]
@@ -117,3 +117,69 @@ def test_bf16_inference_runs_a_bf16_copy_close_to_fp32_and_follows_weight_change
     assert np.abs(moved - bf16).mean() > 0.1
     with pytest.raises(ValueError):
         network_for(ck, "fp16")
+
+
+@pytest.mark.parametrize("h,w,tile,overlap", [(129, 257, 64, 16), (37, 31, 64, 16), (100, 90, 32, 0), (5, 70, 16, 6)])
+def test_tile_means_are_the_means_of_the_cut_tiles(h, w, tile, overlap):
+    from indeed_cli.inference.tiling import tile_means
+
+    plane = torch.rand(h, w)
+    g = TileGrid(h, w, tile, overlap)
+    expect = torch.stack([g.cut(plane[None], y, x).mean() for y, x in g.positions()]).reshape(g.shape)
+    assert torch.allclose(tile_means(plane, g), expect, atol=1e-6)
+    with pytest.raises(ValueError):
+        tile_means(plane[1:], g)
+
+
+@pytest.mark.parametrize("model_c,image_c", [(3, 3), (1, 3), (1, 1)])
+def test_whole_image_read_out_is_the_tiled_one_when_one_tile_holds_the_image(model_c, image_c):
+    """f_thetaS on the whole image and per tile are one computation when a single tile without
+    overlap covers the image: maps, per-tile ELBO terms and rank statistics agree."""
+    from indeed_cli.inference import denoise_with_stats
+    from indeed_cli.model import Checkpoint
+
+    m = tiny_model(model_c)
+    ck = Checkpoint(m, m.cfg)
+    img = np.random.default_rng(4).random((image_c, 64, 64)).astype(np.float32)
+    whole, tiled = InferenceOptions(tile=64, overlap=0), InferenceOptions(tile=64, overlap=0, whole_image=False)
+    dw, dt = decompose(ck, img, whole), decompose(ck, img, tiled)
+    for k in dt.maps:
+        np.testing.assert_allclose(dw.maps[k], dt.maps[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    for k in dt.tiles:
+        assert dw.tiles[k].shape == dt.tiles[k].shape, k
+        np.testing.assert_allclose(dw.tiles[k], dt.tiles[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    X, stats = denoise_with_stats(ck, img, whole)
+    np.testing.assert_allclose(X, dw.maps["L"] + dw.maps["S"], atol=1e-6)
+    for k in ("l_rank", "l_sparse"):
+        np.testing.assert_allclose(stats[k], dt.tiles[k], rtol=1e-4, err_msg=k)
+
+
+def test_whole_image_read_out_of_a_larger_image():
+    """Several overlapping tiles: the whole read-out has no seams, so it differs from the tiled one
+    (by little), keeps L + S + N = Y and gives one statistic per tile; it is the default below
+    WHOLE_IMAGE_PIXELS, tiles above it, for |mu_S| maps alone, and with --compile."""
+    import indeed_cli.inference.decomposition as D
+    from indeed_cli.model import Checkpoint
+
+    m = tiny_model(3)
+    ck = Checkpoint(m, m.cfg)
+    img = np.random.default_rng(5).random((3, 90, 150)).astype(np.float32)
+    opts = InferenceOptions(tile=32, overlap=8)
+    dw = decompose(ck, img, opts)
+    dt = decompose(ck, img, InferenceOptions(tile=32, overlap=8, whole_image=False))
+    arr = dw.in_scale(255.0)
+    assert np.allclose(arr["L"] + arr["S"] + arr["N"], arr["Y"], atol=1e-3)
+    np.testing.assert_array_equal(dw.maps["L"], dt.maps["L"])  # mu_L is by tiles either way
+    assert not np.allclose(dw.maps["S"], dt.maps["S"], atol=1e-5)
+    assert {k: v.shape for k, v in dw.tiles.items()} == {k: v.shape for k, v in dt.tiles.items()}
+    assert D.reads_whole(ck, img, "denoise", opts)
+    assert not D.reads_whole(ck, img, "sparse", opts)
+    assert not D.reads_whole(ck, img, "denoise", InferenceOptions(compile=True))
+    assert D.reads_whole(ck, img, "sparse", InferenceOptions(whole_image=True))
+    old = D.WHOLE_IMAGE_PIXELS
+    try:
+        D.WHOLE_IMAGE_PIXELS = 90 * 150 - 1
+        assert not D.reads_whole(ck, img, "denoise", opts)
+        np.testing.assert_array_equal(decompose(ck, img, opts).maps["S"], dt.maps["S"])
+    finally:
+        D.WHOLE_IMAGE_PIXELS = old
