@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..inference import denoise_with_stats
+from ..inference.decomposition import WHOLE_IMAGE_PIXELS
 from .training.noise import add_noise
 
 FEATURES = ("l_rank", "l_sparse")
@@ -184,4 +185,6 @@ def calibrate_ood(ckpt, images, n: int = 256, seed: int = 0, max_seconds: float 
         max_seconds=max_seconds,
         progress=progress,
     )
-    return {**fit_ood(feats), "seed": seed}
+    # which read-out made the features (docs/model.md): scores compare only under the same one
+    readout = f"whole image up to {WHOLE_IMAGE_PIXELS:,} pixels (f_thetaS), mu_L by tiles"
+    return {**fit_ood(feats), "seed": seed, "readout": readout}

@@ -26,6 +26,7 @@ def test_calibrate_then_denoise_json_reports_ood(run_cli, tmp_path, clean_dir, c
     assert code == 0, err
     meta = read_metadata(cal)["extra"]["ood"]
     assert meta["n"] == 10 and meta["features"] == ["l_rank", "l_sparse"] and json.loads(out)["task"] == "denoise"
+    assert meta["readout"].startswith("whole image")  # the read-out that made the features
     assert run_cli("calibrate", "--data", clean_dir, "-w", ckpt_paths[3], "-o", cal)[0] == 2  # no overwrite
     code, out, err = run_cli("denoise", clean_dir / "0.png", "-o", tmp_path / "d.png", "-w", cal, "--json", "-q")
     assert code == 0, err
