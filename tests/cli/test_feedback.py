@@ -116,11 +116,13 @@ def test_time_bounded_calibration_stops_early():
 @pytest.mark.slow  # a real process and a real SIGINT
 def test_ctrl_c_reports_what_was_written(tmp_path, rng):
     """SIGINT in the middle of a folder run: exit 130, one line on stderr, and every file that was
-    written has its JSON line (the bundled colour model makes each image take a while)."""
+    written has its JSON line (the bundled colour model makes each image take a while: 512x512, so
+    that the run is still under way when the signal comes; a JSON line follows its image by one or
+    two images, and 256x256 runs finished first now and then)."""
     d = tmp_path / "in"
     d.mkdir()
     for i in range(8):
-        write_png(d / f"{i}.png", rng.integers(0, 256, (256, 256, 3), dtype=np.uint8))
+        write_png(d / f"{i}.png", rng.integers(0, 256, (512, 512, 3), dtype=np.uint8))
     proc = subprocess.Popen([sys.executable, "-m", "indeed_cli", "denoise", d, "-o", tmp_path / "out", "--json",
                              "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=default_sigint)  # fmt: skip

@@ -91,7 +91,7 @@ def test_a_killed_shard_resumes_with_skip_existing(tmp_path, rng):
     d = tmp_path / "in"
     d.mkdir()
     for i in range(8):
-        write_png(d / f"{i}.png", rng.integers(0, 256, (256, 256, 3), dtype=np.uint8))
+        write_png(d / f"{i}.png", rng.integers(0, 256, (512, 512, 3), dtype=np.uint8))
     cmd = [sys.executable, "-m", "indeed_cli", "denoise", d, "-o", tmp_path / "out", "--json", "--device", "cpu",
            "--shard", "1/2"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
