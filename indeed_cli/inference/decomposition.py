@@ -5,9 +5,11 @@
     out = denoise(ckpt, "noisy.png")          # float32 (C, h, w) in [0, 1]
     parts = decompose(ckpt, "noisy.png")      # Decomposed: L, S, N, mu_omega, ...
 
-Inference uses the posterior means (A = mu_A, B = mu_B, S = mu_S) on overlapping
-tiles (:mod:`.tiling`); the leaf posteriors are recomputed per tile in
-closed form.  Colour/gray mismatches between image and model: :mod:`.channels`.
+Inference uses the posterior means (A = mu_A, B = mu_B, S = mu_S).  The low-rank module
+factorises overlapping tiles (:mod:`.tiling`), blended into mu_L; f_thetaS then runs on the
+whole image (up to :data:`WHOLE_IMAGE_PIXELS`, :func:`reads_whole`) or per tile; the leaf
+posteriors are recomputed in closed form.  Colour/gray mismatches between image and model:
+:mod:`.channels`.
 """
 
 from __future__ import annotations
