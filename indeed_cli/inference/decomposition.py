@@ -72,6 +72,26 @@ class Decomposed:
         }
 
 
+def _lowrank_statistics(factors, priors, per_px: float, tiles: int, from_model, full: bool) -> dict[str, torch.Tensor]:
+    """Per tile, from the posterior factors (mu_A, sigma_A, mu_B, sigma_B) of a batch of ``tiles``
+    tiles: l_rank per element (a gray model's planes of a colour tile averaged) and, with ``full``,
+    mu_L, sigma_L, mu_gamma, the rank index n and the components it counts.  Shared by the tiled
+    and the whole-image read-outs, whose low-rank part is the same per-tile computation."""
+    a_g, b_g = P.gamma_posterior(*factors, priors)
+    mu_gamma = P.gamma_mean(a_g, b_g)
+    out = {"l_rank": (P.rank_loss(*factors, mu_gamma) / per_px).reshape(tiles, -1).mean(1)}
+    if full:
+        mu_L, sigma_L = P.low_rank_moments(*factors)
+        out.update(
+            L=from_model(mu_L),
+            sigma_L=from_model(sigma_L),
+            mu_gamma=mu_gamma.reshape(tiles, -1, mu_gamma.shape[-1]),
+            rank_index=P.rank_index(a_g, b_g).reshape(tiles, -1).float(),
+            counted=P.rank_components(a_g, b_g).reshape(tiles, -1, mu_gamma.shape[-1]).float(),
+        )
+    return out
+
+
 def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceOptions) -> Callable:
     """Per-tile function; ``outputs`` is "denoise" (L + S), "denoise+stats" (L + S and the per-tile
     l_rank, l_sparse that the OOD score reads), "sparse" (mu_S), "support" (q(z = 1) of f_thetaM)
@@ -96,30 +116,25 @@ def tile_function(ckpt: Checkpoint, image_c: int, outputs: str, opts: InferenceO
             return {"X": from_model(X)}
         per_px = float(Y[0].numel())
         B = tiles.shape[0]
-        a_g, b_g = P.gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, priors)
-        mu_gamma = P.gamma_mean(a_g, b_g)
+        full = outputs == "full"
+        factors = (d.mu_A, d.sigma_A, d.mu_B, d.sigma_B)
+        out = _lowrank_statistics(factors, priors, per_px, B, from_model, full)
+
+        def per_tile(loss: torch.Tensor) -> torch.Tensor:  # gray-per-channel -> per tile
+            return (loss / per_px).reshape(B, -1).mean(1)
+
         mu_omega = P.gamma_mean(*P.omega_posterior(d.mu_S, d.sigma_S, priors))
-        stats = {
-            "l_rank": P.rank_loss(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, mu_gamma) / per_px,
-            "l_sparse": P.sparse_loss(d.mu_S, d.sigma_S, mu_omega) / per_px,
-        }
-        if outputs == "denoise+stats":
-            return {"X": from_model(X), **{k: v.reshape(B, -1).mean(1) for k, v in stats.items()}}
-        mu_L, sigma_L = P.low_rank_moments(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B)
+        out["l_sparse"] = per_tile(P.sparse_loss(d.mu_S, d.sigma_S, mu_omega))
+        if not full:
+            return {"X": from_model(X), **out}
         mu_lambda = P.gamma_mean(*P.lambda_posterior(Y - X, priors))
-        stats["l_fid"] = P.fidelity_loss(Y, d.L_hat, d.mu_S, mu_lambda) / per_px
-        stats = {k: v.reshape(B, -1).mean(1) for k, v in stats.items()}  # gray-per-channel -> per tile
+        out["l_fid"] = per_tile(P.fidelity_loss(Y, d.L_hat, d.mu_S, mu_lambda))
         return {
-            "L": from_model(mu_L),
+            **out,
             "S": from_model(d.mu_S),
-            "sigma_L": from_model(sigma_L),
             "sigma_S": from_model(d.sigma_S),
             "mu_omega": from_model(mu_omega),
             "mu_lambda": from_model(mu_lambda),
-            "mu_gamma": mu_gamma.reshape(B, -1, mu_gamma.shape[-1]),
-            "rank_index": P.rank_index(a_g, b_g).reshape(B, -1).float(),
-            "counted": P.rank_components(a_g, b_g).reshape(B, -1, mu_gamma.shape[-1]).float(),
-            **stats,
         }
 
     return fn
@@ -226,21 +241,11 @@ def _run_whole(
 
     def lowrank_tiles(tiles: torch.Tensor) -> dict[str, torch.Tensor]:
         Y = to_model(tiles)
-        mu_A, sigma_A, mu_B, sigma_B = (t.float() for t in net.lowrank(Y))
-        out = {"L": from_model(P.low_rank(mu_A, mu_B))}
+        factors = tuple(t.float() for t in net.lowrank(Y))
         if not stats:
-            return out
-        B = tiles.shape[0]
-        a_g, b_g = P.gamma_posterior(mu_A, sigma_A, mu_B, sigma_B, priors)
-        mu_gamma = P.gamma_mean(a_g, b_g)
-        l_rank = P.rank_loss(mu_A, sigma_A, mu_B, sigma_B, mu_gamma) / float(Y[0].numel())
-        out["l_rank"] = l_rank.reshape(B, -1).mean(1)
-        if full:
-            out["sigma_L"] = from_model(P.low_rank_moments(mu_A, sigma_A, mu_B, sigma_B)[1])
-            out["mu_gamma"] = mu_gamma.reshape(B, -1, mu_gamma.shape[-1])
-            out["rank_index"] = P.rank_index(a_g, b_g).reshape(B, -1).float()
-            out["counted"] = P.rank_components(a_g, b_g).reshape(B, -1, mu_gamma.shape[-1]).float()
-        return out
+            return {"L": from_model(P.low_rank(factors[0], factors[2]))}
+        out = _lowrank_statistics(factors, priors, float(Y[0].numel()), tiles.shape[0], from_model, full)
+        return out if full else {"L": from_model(P.low_rank(factors[0], factors[2])), **out}
 
     with torch.inference_mode():
         image = torch.from_numpy(data)
