@@ -364,7 +364,7 @@ def main() -> None:
                 (n.name, centre_crop(read_image(n).data, a.pair_crop), centre_crop(read_image(c).data, a.pair_crop))
                 for n, c in pairs(a.data, a.limit, a.split)
             ]))  # fmt: skip
-        ck = load_model(a.weights, 3, a.device)
+        ck = load_model(a.weights, 3, a.device, job="adapt")
         dev = str(next(ck.model.parameters()).device)
         opts = InferenceOptions(precision=a.infer_precision or a.precision)
         acfg = AdaptConfig(

@@ -24,7 +24,10 @@ def models_cmd(
         for r in rows:
             typer.echo(json.dumps(r))
         return
-    table = Table("name (--weights)", "task", "ch", "steps", "PSNR s25", "threshold", "MB", box=box.SIMPLE_HEAD)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    table.add_column("name (--weights)", no_wrap=True)  # what users type: never cut
+    for title in ("task", "ch", "default", "steps", "PSNR s25", "threshold", "MB"):
+        table.add_column(title)
     for r in rows:
         t = r.get("training", {})
         val = t.get("validation", {}).get("psnr_s25")
@@ -32,6 +35,7 @@ def models_cmd(
             r["name"],
             str(r.get("task", r.get("error", "?"))),
             str(r.get("channels", "")),
+            _default(r.get("default_for", [])),
             str(t.get("total_steps", t.get("steps", ""))),
             f"{val:.2f}" if val else "",
             _threshold(r),
@@ -39,6 +43,11 @@ def models_cmd(
         )
     Console().print(table)
     typer.echo("Paths and training facts: indeed models --json", err=True)
+
+
+def _default(jobs: list[str]) -> str:
+    """Which jobs a bundled file is the default of: denoise, adapt, both (denoise and adapt), detect."""
+    return "both" if {"denoise", "adapt"} <= set(jobs) else ", ".join(jobs)
 
 
 def _threshold(row: dict) -> str:

@@ -20,8 +20,9 @@ Weights = Annotated[
         "--weights",
         "-w",
         metavar="CHECKPOINT",
-        help="Checkpoint: bundled name (color, gray), a .safetensors path, or "
-        "hf://owner/repo/file.safetensors@revision. Default: the bundled model for the image's channels.",
+        help="Checkpoint: bundled name (color-fullchroma, color, gray, ...), a .safetensors path, or "
+        "hf://owner/repo/file.safetensors@revision. Default: the bundled model for the image's channels "
+        "(colour: color-fullchroma to denoise, color to adapt).",
     ),
 ]
 Device = Annotated[str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")]

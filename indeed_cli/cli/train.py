@@ -150,6 +150,15 @@ def train_cmd(
             help="denoise: weight w_L of ||L - U||^2 in l_sup (paper: 1); larger asks L to carry more of the image.",
         ),
     ] = LossWeights.lowrank_sup,
+    patch_precision: Annotated[
+        float,
+        typer.Option(
+            "--patch-precision",
+            metavar="CAP",
+            help="denoise: each patch's sigma0 = the batch's mean error over the patch's own, at most CAP, "
+            "so that flat patches weigh like textured ones (docs/model.md); 0 = one sigma0 (the paper).",
+        ),
+    ] = LossWeights.patch_precision,
     time_limit: Annotated[
         float, typer.Option("--time-limit", metavar="SECONDS", help="Stop cleanly after this many seconds (0 = none).")
     ] = 0,
@@ -242,6 +251,7 @@ def train_cmd(
             bayesian=not no_bayes,
             sigma0_noise_ref=sigma0_noise_ref,
             lowrank_sup=lowrank_sup,
+            patch_precision=patch_precision,
         ),
         **({"sigma_max": sigma_max} if sigma_max is not None else {}),
     }

@@ -58,10 +58,12 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def load_model(
-    weights: str | None = None, channels: int = 3, device: str = "auto", task: str = "denoise"
+    weights: str | None = None, channels: int = 3, device: str = "auto", task: str = "denoise", job: str = "denoise"
 ) -> Checkpoint:
-    """Resolve ``weights`` (path, bundled name, hf:// reference or default) and load it."""
-    return load_checkpoint(resolve_weights(weights, channels, task), resolve_device(device))
+    """Resolve ``weights`` (path, bundled name, hf:// reference or default) and load it.  Without
+    ``weights``, ``job="adapt"`` loads the default model to adapt from (``color`` for colour images),
+    ``job="denoise"`` the default denoiser (``color-fullchroma``); docs/checkpoints.md."""
+    return load_checkpoint(resolve_weights(weights, channels, task, job), resolve_device(device))
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Where checkpoints come from: the bundled weights, local paths and the Hugging Face Hub.
 
 Resolution order of a ``--weights`` value (docs/checkpoints.md):
-  1. empty / "default": the bundled checkpoint for the image's channel count (or the task);
+  1. empty / "default": the bundled checkpoint for the image's channel count and the job
+     (``DEFAULTS``: colour images are denoised with "color-fullchroma" and adapted from "color");
   2. a bundled name ("color", "gray", "color-fullchroma", "color-camera", "magnetic-tile", or a
      file stem in weights/);
   3. "hf://owner/repo/path/file.safetensors[@revision]": huggingface_hub download
@@ -27,6 +28,14 @@ BUNDLED_FULLCHROMA = "indeed-denoise-color-fullchroma.safetensors"
 # color-fullchroma fine-tuned with half its patches under camera noise (indeed train --camera-noise):
 # for photographs straight from a camera; a little below the others on Gaussian noise (weights/README.md)
 BUNDLED_CAMERA = "indeed-denoise-color-camera.safetensors"
+# the default checkpoint per job and channel count.  Colour images are denoised with the full-chroma
+# model (equal or better on AWGN almost everywhere, +0.8 dB on full-chroma photographs) but adapted
+# from `color`: InDeedAG and InDeedOAG gain on real camera noise from it and not from the
+# full-chroma fine-tunes (docs/reports/2026-11-27-flat-images.md; weights/README.md)
+DEFAULTS = {
+    "denoise": {1: BUNDLED[1], 3: BUNDLED_FULLCHROMA},
+    "adapt": {1: BUNDLED[1], 3: BUNDLED[3]},
+}
 # the name `indeed models` shows for each bundled file: the shortest one --weights takes
 SHORT_NAMES = {
     BUNDLED[1]: "gray",
@@ -118,11 +127,12 @@ def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
         return False
 
 
-def resolve_weights(spec: str | None, channels: int | None = None, task: str = "denoise") -> Path:
-    """Turn a ``--weights`` value into a local checkpoint path (see module docstring)."""
+def resolve_weights(spec: str | None, channels: int | None = None, task: str = "denoise", job: str = "denoise") -> Path:
+    """Turn a ``--weights`` value into a local checkpoint path (see module docstring).  ``task`` is the
+    checkpoint's task (denoise, detect); ``job`` picks the default denoiser (denoise, adapt)."""
     wdir = weights_dir()
     if not spec or spec == "default":
-        name = BUNDLED_DETECT if task == "detect" else BUNDLED.get(channels or 3)
+        name = BUNDLED_DETECT if task == "detect" else DEFAULTS[job].get(channels or 3)
         path = wdir / name
         if not path.is_file():
             raise CheckpointError(f"bundled default checkpoint missing: {path} (pass --weights PATH)")
@@ -144,11 +154,19 @@ def resolve_weights(spec: str | None, channels: int | None = None, task: str = "
     )
 
 
+def default_jobs(filename: str) -> list[str]:
+    """The jobs (denoise, adapt, detect) a bundled file is the default checkpoint of."""
+    jobs = [job for job, by_channels in DEFAULTS.items() if filename in by_channels.values()]
+    return jobs + (["detect"] if filename == BUNDLED_DETECT else [])
+
+
 def list_checkpoints(include_cache: bool = True) -> list[dict]:
     """Bundled checkpoints and indeed checkpoints in the Hugging Face cache, with metadata."""
     rows = []
     for p in sorted(weights_dir().glob("*.safetensors")):
-        rows.append(_describe(p, "bundled", SHORT_NAMES.get(p.name, p.stem)))
+        row = _describe(p, "bundled", SHORT_NAMES.get(p.name, p.stem))
+        row["default_for"] = default_jobs(p.name)
+        rows.append(row)
     if include_cache:
         try:
             from huggingface_hub import scan_cache_dir  # 0.2 s of imports, only for listing

@@ -83,7 +83,7 @@ def adapt_folder(
     mine, _ = take_shard(list(range(len(every))), shard)
     extra_mine = (extra if first else []) + ([Path(report)] if report else [])
     check_targets(every, [f for i in mine for f in plans[i].values()] + extra_mine, force)
-    models = ModelCache(weights, device)
+    models = ModelCache(weights, device, job="adapt")
 
     readable, failures = {}, []
     for i in range(len(every)) if mode == "ag" else mine:  # ag adapts on every input, oag on its shard's

@@ -56,8 +56,10 @@ def denoise_folder(
     names = input_names(inputs, every, recursive)
     paths, targets, skipped = plan_outputs(every, Path(output), ".png", force, skip_existing, names, shard)
     models = ModelCache(weights, device)
+    # flagged images are adapted from the default model to adapt from, unless weights were named
+    adapt_models = ModelCache(weights, device, job="adapt") if weights is None else models
     progress.start(len(paths))
-    steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, quality, progress)
+    steps = _steps(paths, targets, models, adapt_models, opts, auto_adapt, ood_threshold, quality, progress)
     return run_ordered(steps, on_outcome, skipped, shard=shard, inputs=every)
 
 
@@ -65,6 +67,7 @@ def _steps(
     paths: list[Path],
     targets: list[Path],
     models: ModelCache,
+    adapt_models: ModelCache,
     opts: InferenceOptions,
     auto_adapt: bool,
     ood_threshold: float | None,
@@ -99,6 +102,8 @@ def _steps(
             return
         progress.note(f"adapting to {len(pending)} image(s) flagged as out of distribution")
         t0 = time.perf_counter()
+        for item in pending:  # the record names the checkpoint adapted from
+            item["ckpt"] = adapt_models.get(item["img"].channels)
         results, _ = adapt_images(
             [(it["ckpt"], it["img"].data) for it in pending], AdaptConfig(precision=opts.precision), opts.tile
         )

@@ -237,15 +237,18 @@ class OrderedWriter:
 
 
 class ModelCache:
-    """Loads each checkpoint once; picks the bundled model by channel count when no weights are named.
+    """Loads each checkpoint once; picks the bundled model by channel count and ``job`` (denoise or
+    adapt, :data:`~indeed_cli.model.registry.DEFAULTS`) when no weights are named.
     ``weights`` may also be a loaded :class:`Checkpoint`, used for every image."""
 
-    def __init__(self, weights: str | Path | Checkpoint | None, device: str = "auto", task: str = "denoise"):
+    def __init__(
+        self, weights: str | Path | Checkpoint | None, device: str = "auto", task: str = "denoise", job: str = "denoise"
+    ):
         try:
             self.device = resolve_device(device)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        self.weights, self.task = weights, task
+        self.weights, self.task, self.job = weights, task, job
         self._loaded: dict[str, Checkpoint] = {}
 
     def get(self, channels: int) -> Checkpoint:
@@ -253,7 +256,7 @@ class ModelCache:
         if isinstance(self.weights, Checkpoint):
             ck, path = self.weights, self.weights.source
         else:
-            path = resolve_weights(None if self.weights is None else str(self.weights), channels, self.task)
+            path = resolve_weights(None if self.weights is None else str(self.weights), channels, self.task, self.job)
             key = str(path.resolve())
             if key not in self._loaded:
                 self._loaded[key] = load_checkpoint(path, self.device)

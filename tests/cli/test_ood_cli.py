@@ -61,6 +61,29 @@ def test_auto_adapt_runs_oag_only_on_flagged_images(run_cli, tmp_path, clean_dir
         assert all(r["ood"] is flagged and (r["adapted"] is not None) is flagged for r in recs)
 
 
+def test_auto_adapt_with_default_weights_adapts_from_the_adapt_default(
+    run_cli, tmp_path, clean_dir, ckpt_paths, monkeypatch
+):
+    """Without -w, colour images are denoised with color-fullchroma and flagged ones adapted from color."""
+    from indeed_cli.model.registry import BUNDLED, BUNDLED_FULLCHROMA
+
+    ck = load_checkpoint(ckpt_paths[3])
+    base = {"features": ["l_rank", "l_sparse"], "mean": [0, 0], "std": [1, 1], "points": [[0, 0]], "k": 1}
+    wdir = tmp_path / "w"
+    wdir.mkdir()
+    save_checkpoint(wdir / BUNDLED_FULLCHROMA, ck.model, ck.training, {"ood": {**base, "threshold": -1.0}})
+    save_checkpoint(wdir / BUNDLED[3], ck.model, ck.training, {"ood": {**base, "threshold": 1e9}})
+    monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(wdir))
+    code, out, err = run_cli("denoise", clean_dir, "-o", tmp_path / "o", "--auto-adapt", "--json", "-q")
+    assert code == 0, err
+    recs = [json.loads(line) for line in out.splitlines()]
+    # flagged by color-fullchroma's statistics, adapted from color
+    assert len(recs) == 3 and all(r["ood"] and r["adapted"] is not None for r in recs)
+    assert all(r["weights"].endswith(BUNDLED[3]) for r in recs)
+    code, out, err = run_cli("denoise", clean_dir, "-o", tmp_path / "p", "--json", "-q")
+    assert code == 0 and all(json.loads(line)["weights"].endswith(BUNDLED_FULLCHROMA) for line in out.splitlines())
+
+
 def test_auto_adapt_adapts_flagged_images_in_groups(run_cli, tmp_path, clean_dir, ckpt_paths, monkeypatch):
     """On a GPU flagged images wait and are adapted together; every image is still written once."""
     import indeed_cli.pipelines.denoise as denoise_cli

@@ -82,26 +82,38 @@ def test_resolution_order(tmp_path, monkeypatch):
     monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(tmp_path))
     gray = C.save_checkpoint(tmp_path / R.BUNDLED[1], tiny_model(1))
     color = C.save_checkpoint(tmp_path / R.BUNDLED[3], tiny_model(3))
-    assert R.resolve_weights(None, 1) == gray and R.resolve_weights("default", 3) == color
+    assert R.resolve_weights(None, 1) == gray
     assert R.resolve_weights("gray") == gray and R.resolve_weights("indeed-denoise-color") == color
     assert R.resolve_weights(str(color)) == color
     full = C.save_checkpoint(tmp_path / R.BUNDLED_FULLCHROMA, tiny_model(3))
-    assert R.resolve_weights("color-fullchroma") == full and R.resolve_weights(None, 3) == color  # not the default
+    # colour images are denoised with the full-chroma model and adapted from `color`; gray has one model
+    assert R.resolve_weights("color-fullchroma") == full and R.resolve_weights(None, 3) == full
+    assert R.resolve_weights(None, 3, job="adapt") == color and R.resolve_weights("default", 3, job="adapt") == color
+    assert R.resolve_weights(None, 1, job="adapt") == gray == R.resolve_weights(None, 1)
+    assert R.resolve_weights("color-fullchroma", 3, job="adapt") == full  # a named model wins
     cam = C.save_checkpoint(tmp_path / R.BUNDLED_CAMERA, tiny_model(3))
-    assert R.resolve_weights("colour-camera") == cam and R.resolve_weights(None, 3) == color
+    assert R.resolve_weights("colour-camera") == cam and R.resolve_weights(None, 3) == full
     with pytest.raises(C.CheckpointError, match="neither a file nor a bundled name"):
         R.resolve_weights("nope")
     rows = R.list_checkpoints(include_cache=False)
     assert {r["name"] for r in rows} == {"gray", "color", "color-fullchroma", "color-camera"}  # --weights names
     assert all(R.resolve_weights(r["name"]) == Path(r["path"]) for r in rows)
+    defaults = {r["name"]: r["default_for"] for r in rows}
+    assert defaults == {
+        "gray": ["denoise", "adapt"],
+        "color": ["adapt"],
+        "color-fullchroma": ["denoise"],
+        "color-camera": [],
+    }
 
 
 def test_bundled_weights_load():
     """The shipped defaults exist, load, and say what they are."""
     for c in (1, 3):
-        ck = C.load_checkpoint(R.resolve_weights(None, c))
-        assert ck.config.channels == c and ck.config.task == "denoise"
-        assert ck.training.get("steps", 0) > 0
+        for job in ("denoise", "adapt"):
+            ck = C.load_checkpoint(R.resolve_weights(None, c, job=job))
+            assert ck.config.channels == c and ck.config.task == "denoise"
+            assert ck.training.get("steps", 0) > 0 and "ood" in ck.extra
 
 
 def test_missing_weights_message_names_what_was_given(tmp_path):

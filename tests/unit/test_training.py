@@ -101,6 +101,47 @@ def test_noise_level_weights_scale_each_patch_supervision():
     assert parts[25.0]["fid"] == pytest.approx(parts[0.0]["fid"], rel=1e-6)  # only l_sup changes
 
 
+def test_patch_precision_gives_each_patch_the_gradient_of_its_log_error():
+    """--patch-precision: uncapped, patch i's l_sup is scaled by mean(e) / e_i, so every weighted error
+    equals the mean and the gradient is mean(e) * grad sum_i log e_i; the cap bounds each factor."""
+    from indeed_cli.tasks.training import patch_precision_weights
+
+    e = torch.tensor([0.5, 2.0, 50.0, 1e-3])
+    w = patch_precision_weights(e, 1e9)
+    np.testing.assert_allclose((w * e).numpy(), np.full(4, float(e.mean())), rtol=1e-5)
+    assert float(patch_precision_weights(e, 20.0).max()) == pytest.approx(20.0)
+    assert float(patch_precision_weights(e, 20.0)[2]) == pytest.approx(float(e.mean() / 50.0))
+
+    theta = torch.tensor([0.3, -1.2, 2.0], requires_grad=True)
+    x = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [1.0, 1.0, 4.0]])
+    errors = (x @ theta - torch.tensor([1.0, 0.5, -2.0])).square() + 0.1
+    (grad,) = torch.autograd.grad((errors * patch_precision_weights(errors, 1e9)).sum(), theta, retain_graph=True)
+    (expected,) = torch.autograd.grad(float(errors.detach().mean()) * errors.log().sum(), theta)
+    np.testing.assert_allclose(grad.numpy(), expected.numpy(), rtol=1e-5)
+
+
+def test_training_loss_applies_patch_precision_to_l_sup_only():
+    torch.manual_seed(0)
+    m = InDeed(tiny_config(1)).eval()
+    clean = torch.rand(3, 1, 32, 32)
+    noisy, sig = add_noise(clean, 75, 0.0, torch.Generator().manual_seed(0))
+    targets = {"clean": clean, "sigma": sig}
+    parts = {}
+    for cap in (0.0, 20.0):
+        torch.manual_seed(1)
+        _, parts[cap] = training_loss(m, noisy, targets, "denoise", LossWeights(patch_precision=cap), m.cfg.priors)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        d = m(noisy, sample=True).float()
+    from indeed_cli.tasks.training import patch_precision_weights
+
+    per_patch = P.denoise_supervision_loss(d.L_hat, d.S_hat, clean, LossWeights().sigma0) / clean[0].numel()
+    weighted = per_patch * patch_precision_weights(per_patch, 20.0)
+    assert parts[20.0]["sup"] == pytest.approx(float(weighted.mean()), rel=1e-5)
+    assert parts[20.0]["sup"] <= parts[0.0]["sup"] * (1 + 1e-6)  # the factors average one or less
+    assert parts[20.0]["fid"] == pytest.approx(parts[0.0]["fid"], rel=1e-6)
+
+
 def test_state_round_trip(tmp_path):
     torch.manual_seed(0)
     m = InDeed(tiny_config(3))

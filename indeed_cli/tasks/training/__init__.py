@@ -5,7 +5,7 @@ from .config import TrainConfig, lr_at
 from .data import PatchSampler, image_pyramid, list_images, load_images, pad_to
 from .loop import run_training
 from .noise import add_noise
-from .objective import LossWeights, noise_level_weights, training_loss
+from .objective import LossWeights, noise_level_weights, patch_precision_weights, training_loss
 from .recipes import RECIPES, Recipe, recipe
 from .state import export_state, has_state, load_state, read_state_metadata, save_state
 from .validation import validate
@@ -27,6 +27,7 @@ __all__ = [
     "load_state",
     "lr_at",
     "noise_level_weights",
+    "patch_precision_weights",
     "pad_to",
     "read_state_metadata",
     "recipe",

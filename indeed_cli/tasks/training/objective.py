@@ -27,6 +27,9 @@ class LossWeights:
     sigma0_noise_ref: float = 0.0
     # denoising: w_L, the weight of ||L - U||^2 in l_sup|DEN (paper: 1)
     lowrank_sup: float = 1.0
+    # denoising: > 0 gives each patch its own sigma0, the batch's mean supervision error over the
+    # patch's own (capped at this factor): every patch weighs alike, as in a mean PSNR; 0 = off
+    patch_precision: float = 0.0
     # detection with f_thetaM: weight of its focal loss l_M (its inputs are detached, so this only
     # scales f_thetaM's gradient against the clipping norm; Adam is invariant to it otherwise)
     support: float = 1.0
@@ -39,6 +42,18 @@ def noise_level_weights(sigma: torch.Tensor, ref: float) -> torch.Tensor:
     them weight in proportion to 1/sigma, capped at 5 (docs/reports/2026-11-26-measurements.md measured it)."""
     s = sigma * 255.0
     return ref / torch.clamp(s, min=ref / 5.0)
+
+
+def patch_precision_weights(sup: torch.Tensor, cap: float) -> torch.Tensor:
+    """Per-patch factors of sigma0 (``--patch-precision CAP``), docs/model.md Eq. (per-patch precision):
+    mean_k(e_k) / e_i for the supervision error e_i of patch i, at most ``cap``, held constant in the
+    gradient.  sigma0_i = n / e_i is the maximum-likelihood precision of a Gaussian supervision
+    likelihood on patch i; with it the gradient of patch i is that of log e_i, so a flat patch, whose
+    error is a fiftieth of a textured one's at the same noise, weighs as much as the textured one
+    (the mean PSNR that benchmarks report weighs images that way).  The factors average one or less,
+    which keeps l_sup's scale against the other terms."""
+    e = sup.detach().clamp_min(1e-12)
+    return (e.mean() / e).clamp(max=cap)
 
 
 def training_loss(
@@ -54,6 +69,8 @@ def training_loss(
         sup = P.denoise_supervision_loss(d.L_hat, d.S_hat, targets["clean"], weights.sigma0, weights.lowrank_sup)
         if weights.sigma0_noise_ref > 0:
             sup = sup * noise_level_weights(targets["sigma"].to(sup.device), weights.sigma0_noise_ref)
+        if weights.patch_precision > 0:
+            sup = sup * patch_precision_weights(sup, weights.patch_precision)
     else:
         sup = P.anomaly_supervision_loss(d.L_hat, d.S_hat, targets["normal"], targets["anomaly"], weights.sigma0)
     per_px = float(Y[0].numel())
