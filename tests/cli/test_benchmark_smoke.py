@@ -49,6 +49,25 @@ def test_denoise_benchmark(tmp_path, rng, ckpt_paths):
     assert "CBSD68" in out and "Set12" in out
 
 
+def test_denoise_benchmark_splits_flat_images_and_keeps_each_image(tmp_path, rng, ckpt_paths):
+    import json
+
+    (tmp_path / "CBSD68").mkdir()
+    write_png(tmp_path / "CBSD68" / "busy.png", rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    write_png(tmp_path / "CBSD68" / "sky.png", np.full((40, 48, 3), 120, dtype=np.uint8))
+    rows_file = tmp_path / "rows.json"
+    args = ["--data", tmp_path, "--sets", "CBSD68", "--sigmas", "25", "--methods", "indeed", "--forms", "float"]
+    args += ["--weights-color", ckpt_paths[3], "--no-timing", "--flat-below", "1.5", "--json", rows_file]
+    out = run("denoise.py", *args)
+    assert "| CBSD68 (flat) | indeed | 1 |" in out and "| CBSD68 (other) | indeed | 1 |" in out
+    rows = {r["set"]: r for r in json.loads(rows_file.read_text())["rows"]}
+    images = {i["image"]: i for i in rows["CBSD68"]["images"]}
+    assert images["sky.png"]["flatness"] == 0.0 and images["busy.png"]["flatness"] > 20
+    flat, other = rows["CBSD68 (flat)"]["psnr"], rows["CBSD68 (other)"]["psnr"]
+    assert rows["CBSD68"]["psnr"] == pytest.approx((flat + other) / 2)
+    assert flat == pytest.approx(images["sky.png"]["psnr"])
+
+
 def test_rank_agreement_helpers():
     sys.path.insert(0, str(BENCH))
     from lowrank import energy_count, spearman, svd_rank
