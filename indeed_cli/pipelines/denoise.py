@@ -57,7 +57,7 @@ def denoise_folder(
     paths, targets, skipped = plan_outputs(every, Path(output), ".png", force, skip_existing, names, shard)
     models = ModelCache(weights, device)
     # flagged images are adapted from the default model to adapt from, unless weights were named
-    adapt_models = ModelCache(weights, device, job="adapt") if weights is None else models
+    adapt_models = ModelCache(weights, device, job="adapt") if weights in (None, "default") else models
     progress.start(len(paths))
     steps = _steps(paths, targets, models, adapt_models, opts, auto_adapt, ood_threshold, quality, progress)
     return run_ordered(steps, on_outcome, skipped, shard=shard, inputs=every)
