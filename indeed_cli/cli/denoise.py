@@ -54,7 +54,39 @@ def denoise_cmd(
     denoise_folder(
         inputs, output, auto_adapt=auto_adapt, ood_threshold=ood_threshold, quality=quality, **run.folder_run(report)
     )
-    report.finish(ood_warning(report.processed()))
+    done = report.processed()
+    report.finish(ood_warning(done), little_change_note(done))
+
+
+# RMS change (8-bit grey levels) below which an output is "nearly the input": Gaussian noise of
+# σ = 5 already changes an image by about 4; clean images change by 0.3-0.9, and so do real noisy
+# photographs the OOD score does not flag (PolyU, RNI6: 0.09-0.63; docs/guide/denoise.md)
+LITTLE_CHANGE = 1.0
+
+
+def little_change_note(done: list[Outcome]) -> str:
+    """One line when images that were not flagged came out nearly unchanged: nothing to do if they are
+    clean, but real camera noise that the model reads as signal looks the same from here."""
+    quiet = [
+        o
+        for o in done
+        if (o.record.get("change_rms") or LITTLE_CHANGE) < LITTLE_CHANGE
+        and not o.record.get("ood")
+        and not o.record.get("adapted")
+    ]
+    if not quiet:
+        return ""
+    if len(quiet) == 1:
+        what = f"{quiet[0].source.name} changed by only {quiet[0].record['change_rms']:.2g} grey levels (RMS)"
+        run = f"`indeed adapt {quiet[0].source} --mode oag -o DIR`"
+        it, looks, its = "it is", "it looks", "its"
+    else:
+        what = f"{len(quiet)} of {len(done)} images changed by less than {LITTLE_CHANGE:g} grey level (RMS)"
+        run = "`indeed adapt FOLDER --mode ag -o DIR` (one camera)"
+        it, looks, its = "they are", "they look", "their"
+    if any(o.record.get("channels") == 3 and Path(str(o.record.get("weights"))).name != BUNDLED_CAMERA for o in quiet):
+        run += " or --weights color-camera"
+    return f"{what}: fine if {it} clean; if {looks} noisy, {its} noise is unlike Gaussian noise: try {run}"
 
 
 def ood_warning(done: list[Outcome]) -> str:

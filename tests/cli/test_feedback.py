@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,6 +67,38 @@ def test_out_of_distribution_images_get_one_warning_line(run_cli, folder, tmp_pa
     assert code == 0 and "unlike the training images" not in err
     code, _, err = run_cli("denoise", folder, "-o", tmp_path / "aa", "-w", w, "--auto-adapt")
     assert code == 0 and "unlike the training images" not in err  # adapted: nothing left to say
+
+
+def test_nearly_unchanged_images_get_one_line_naming_what_to_try():
+    """Images not flagged whose output is within LITTLE_CHANGE grey levels of the input: one line."""
+    from indeed_cli.cli.denoise import LITTLE_CHANGE, little_change_note
+    from indeed_cli.pipelines import Outcome
+
+    def rec(rms, ood=False, channels=3, weights="w/indeed-denoise-color-fullchroma.safetensors"):
+        return {"change_rms": rms, "ood": ood, "adapted": None, "channels": channels, "weights": weights}
+
+    quiet, loud = Outcome(Path("a.png"), rec(0.3)), Outcome(Path("b.png"), rec(4.0))
+    flagged = Outcome(Path("c.png"), rec(0.2, ood=True))
+    one = little_change_note([quiet, loud, flagged])
+    assert one.startswith("a.png changed by only 0.3 grey levels") and "fine if it is clean" in one
+    assert "indeed adapt a.png --mode oag" in one and "--weights color-camera" in one
+    two = little_change_note([quiet, Outcome(Path("d.png"), rec(0.5, channels=1)), loud])
+    assert two.startswith(f"2 of 3 images changed by less than {LITTLE_CHANGE:g} grey level") and "--mode ag" in two
+    assert little_change_note([loud, flagged]) == ""  # flagged images get the OOD line instead
+    gray_rec = rec(0.1, channels=1, weights="w/indeed-denoise-gray.safetensors")
+    gray = little_change_note([Outcome(Path("g.png"), gray_rec)])
+    assert gray and "color-camera" not in gray
+
+
+def test_denoise_json_reports_how_much_the_image_changed(run_cli, folder, tmp_path, ckpt_paths):
+    from PIL import Image
+
+    code, out, err = run_cli("denoise", folder / "a.png", "-o", tmp_path / "a.png", "-w", ckpt_paths[3], "--json")
+    assert code == 0, err
+    x = np.asarray(Image.open(folder / "a.png"), dtype=np.float64)
+    y = np.asarray(Image.open(tmp_path / "a.png"), dtype=np.float64)
+    rms = float(np.sqrt(np.mean((x - y) ** 2)))
+    assert json.loads(out)["change_rms"] == pytest.approx(rms, abs=0.5)  # the file is the output rounded to 8 bits
 
 
 def test_detect_says_when_it_flags_nothing(run_cli, tmp_path, rng):
