@@ -58,10 +58,8 @@ def denoise_folder(
     names = input_names(inputs, every, recursive)
     paths, targets, skipped = plan_outputs(every, Path(output), ".png", force, skip_existing, names, shard)
     models = ModelCache(weights, device)
-    # flagged images are adapted from the default model to adapt from, unless weights were named
-    adapt_models = ModelCache(weights, device, job="adapt") if weights in (None, "default") else models
     progress.start(len(paths))
-    steps = _steps(paths, targets, models, adapt_models, opts, auto_adapt, ood_threshold, quality, progress)
+    steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, quality, progress)
     return run_ordered(steps, on_outcome, skipped, shard=shard, inputs=every)
 
 
@@ -79,7 +77,6 @@ def _steps(
     paths: list[Path],
     targets: list[Path],
     models: ModelCache,
-    adapt_models: ModelCache,
     opts: InferenceOptions,
     auto_adapt: bool,
     ood_threshold: float | None,
@@ -115,8 +112,8 @@ def _steps(
             return
         progress.note(f"adapting to {len(pending)} image(s) flagged as out of distribution")
         t0 = time.perf_counter()
-        for item in pending:  # the record names the checkpoint adapted from
-            item["ckpt"] = adapt_models.get(item["img"].channels)
+        for item in pending:  # adapted from the adapt default unless weights were named; the record says which
+            item["ckpt"] = models.get(item["img"].channels, job="adapt")
         results, _ = adapt_images(
             [(it["ckpt"], it["img"].data) for it in pending], AdaptConfig(precision=opts.precision), opts.tile
         )

@@ -251,12 +251,15 @@ class ModelCache:
         self.weights, self.task, self.job = weights, task, job
         self._loaded: dict[str, Checkpoint] = {}
 
-    def get(self, channels: int) -> Checkpoint:
-        """The checkpoint for an image of ``channels`` channels; CheckpointError when it cannot be used."""
+    def get(self, channels: int, job: str | None = None) -> Checkpoint:
+        """The checkpoint for an image of ``channels`` channels (``job``: another job's default, e.g.
+        "adapt" for images a denoising run adapts; named weights serve every job); CheckpointError
+        when it cannot be used.  Every job's checkpoints share the cache, so each file loads once."""
         if isinstance(self.weights, Checkpoint):
             ck, path = self.weights, self.weights.source
         else:
-            path = resolve_weights(None if self.weights is None else str(self.weights), channels, self.task, self.job)
+            spec = None if self.weights is None else str(self.weights)
+            path = resolve_weights(spec, channels, self.task, job or self.job)
             key = str(path.resolve())
             if key not in self._loaded:
                 self._loaded[key] = load_checkpoint(path, self.device)

@@ -80,6 +80,8 @@ def test_auto_adapt_with_default_weights_adapts_from_the_adapt_default(
     # flagged by color-fullchroma's statistics, adapted from color
     assert len(recs) == 3 and all(r["ood"] and r["adapted"] is not None for r in recs)
     assert all(r["weights"].endswith(BUNDLED[3]) for r in recs)
+    code, out, err = run_cli("denoise", clean_dir, "-o", tmp_path / "d", "-w", "default", "--auto-adapt", "--json")
+    assert code == 0 and all(json.loads(line)["weights"].endswith(BUNDLED[3]) for line in out.splitlines())
     code, out, err = run_cli("denoise", clean_dir, "-o", tmp_path / "p", "--json", "-q")
     assert code == 0 and all(json.loads(line)["weights"].endswith(BUNDLED_FULLCHROMA) for line in out.splitlines())
 
