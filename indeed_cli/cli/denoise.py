@@ -76,17 +76,30 @@ def little_change_note(done: list[Outcome]) -> str:
     ]
     if not quiet:
         return ""
+    run, camera = _adapt_advice(quiet)
     if len(quiet) == 1:
         what = f"{quiet[0].source.name} changed by only {quiet[0].record['change_rms']:.2g} grey levels (RMS)"
-        run = f"`indeed adapt {quiet[0].source} --mode oag -o DIR`"
         it, looks, its = "it is", "it looks", "its"
     else:
         what = f"{len(quiet)} of {len(done)} images changed by less than {LITTLE_CHANGE:g} grey level (RMS)"
-        run = "`indeed adapt FOLDER --mode ag -o DIR` (one camera)"
         it, looks, its = "they are", "they look", "their"
-    if any(o.record.get("channels") == 3 and Path(str(o.record.get("weights"))).name != BUNDLED_CAMERA for o in quiet):
+    if camera:
         run += " or --weights color-camera"
     return f"{what}: fine if {it} clean; if {looks} noisy, {its} noise is unlike Gaussian noise: try {run}"
+
+
+def _adapt_advice(images: list[Outcome]) -> tuple[str, bool]:
+    """What to run on these images instead: the `indeed adapt` command (OAG for one image, AG for
+    several), and whether the camera-noise model is worth naming (a colour image denoised with
+    another model; weights/README.md)."""
+    if len(images) == 1:
+        run = f"`indeed adapt {images[0].source} --mode oag -o DIR`"
+    else:
+        run = "`indeed adapt FOLDER --mode ag -o DIR` (one camera)"
+    camera = any(
+        o.record.get("channels") == 3 and Path(str(o.record.get("weights"))).name != BUNDLED_CAMERA for o in images
+    )
+    return run, camera
 
 
 def ood_warning(done: list[Outcome]) -> str:
@@ -100,13 +113,10 @@ def ood_warning(done: list[Outcome]) -> str:
         o = flagged[0]
         score = o.record["ood_score"]
         what = f"{o.source.name} looks unlike the training images (OOD score {score:.3g} > {threshold:.3g})"
-        run = f"`indeed adapt {o.source} --mode oag -o DIR`"
     else:
         what = f"{len(flagged)} of {len(done)} images look unlike the training images (OOD score > {threshold:.3g})"
-        run = "`indeed adapt FOLDER --mode ag -o DIR` (one camera)"
+    run, camera = _adapt_advice(flagged)
     options = f"--auto-adapt or {run}"
-    colour = [o for o in flagged if o.record.get("channels") == 3]
-    if any(Path(str(o.record.get("weights"))).name != BUNDLED_CAMERA for o in colour):
-        # a colour photograph: the model trained on camera noise is the other way (weights/README.md)
+    if camera:  # a colour photograph: the model trained on camera noise is the other way
         options = f"--auto-adapt, {run}, or --weights color-camera (trained on camera noise)"
     return f"{what}: real camera noise, say, may be left in place; rerun with {options}"
