@@ -138,7 +138,7 @@ def test_training_loss_applies_patch_precision_to_l_sup_only():
     per_patch = P.denoise_supervision_loss(d.L_hat, d.S_hat, clean, LossWeights().sigma0) / clean[0].numel()
     weighted = per_patch * patch_precision_weights(per_patch, 20.0)
     assert parts[20.0]["sup"] == pytest.approx(float(weighted.mean()), rel=1e-5)
-    assert parts[20.0]["sup"] <= parts[0.0]["sup"] * (1 + 1e-6)  # the factors average one or less
+    assert parts[20.0]["sup"] <= parts[0.0]["sup"] * (1 + 1e-6)  # each weighted error is at most the mean
     assert parts[20.0]["fid"] == pytest.approx(parts[0.0]["fid"], rel=1e-6)
 
 

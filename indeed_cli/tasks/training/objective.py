@@ -50,8 +50,9 @@ def patch_precision_weights(sup: torch.Tensor, cap: float) -> torch.Tensor:
     gradient.  sigma0_i = n / e_i is the maximum-likelihood precision of a Gaussian supervision
     likelihood on patch i; with it the gradient of patch i is that of log e_i, so a flat patch, whose
     error is a fiftieth of a textured one's at the same noise, weighs as much as the textured one
-    (the mean PSNR that benchmarks report weighs images that way).  The factors average one or less,
-    which keeps l_sup's scale against the other terms."""
+    (the mean PSNR that benchmarks report weighs images that way).  Each weighted error is at most
+    the batch's mean error, so the weighted l_sup is no larger than the unweighted one, which keeps
+    its scale against the other terms (the factors themselves average one or more)."""
     e = sup.detach().clamp_min(1e-12)
     return (e.mean() / e).clamp(max=cap)
 
