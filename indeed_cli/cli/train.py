@@ -32,9 +32,10 @@ def train_cmd(
         str,
         typer.Option(
             "--anomalies",
-            metavar="strong|subtle|surface",
+            metavar="strong|subtle|surface|cracks|defects",
             help="detect: synthetic anomaly preset: strong, subtle "
-            "(also faint, soft-edged ones) or surface (large texture regions); "
+            "(also faint, soft-edged ones), surface (large texture regions), cracks (strong with "
+            "thin dark cracks and chips) or defects (realistic kinds); "
             "docs/guide/detect.md.",
         ),
     ] = Recipe.anomalies,

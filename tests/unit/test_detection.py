@@ -113,6 +113,28 @@ def test_cracks_and_breaks_are_thin_or_at_the_side_and_dark():
     assert (sides.amax(0) > 0.5).all()  # every chip touches a side of the patch
 
 
+def test_cracks_preset_adds_cracks_and_breaks_that_strong_lacks():
+    from indeed_cli.tasks.detection.synthesis import PRESETS
+
+    x = torch.rand(128, 1, 64, 64, generator=torch.Generator().manual_seed(0)) * 0.5 + 0.25
+
+    def darkened(cfg):
+        """Patches whose anomaly scales the surface by one factor < 0.6 (a crack or a break; a
+        scratch shifts it by a constant instead, a texture or cut-paste replaces it)."""
+        Y, UA, M = synthesize(x, torch.Generator().manual_seed(6), None, cfg)
+        assert torch.allclose(Y, x + UA) and (UA * (M == 0)).abs().max() == 0
+        out = []
+        for i in range(len(x)):
+            core = M[i] == 1
+            if core.sum() >= 3:
+                ratio = Y[i][core] / x[i][core]
+                out.append(bool(ratio.std() < 1e-4 and ratio.mean() < 0.6))
+        return sum(out)
+
+    assert darkened(PRESETS["strong"]) == 0
+    assert darkened(PRESETS["cracks"]) >= 4  # about 12% of the 96 anomalous patches
+
+
 def test_poisson_blend_against_closed_forms():
     from indeed_cli.tasks.detection.synthesis import poisson_blend
 

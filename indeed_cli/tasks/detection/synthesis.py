@@ -16,7 +16,8 @@ Generator (documented in docs/guide/detect.md):
   ``illumination`` (a large soft region, feathered 3-10 px, whose brightness and gamma change with
   opacity near 1: uneven surfaces), ``poisson`` (the surface of another patch Poisson-blended into
   a blob or band, after NSA, Schlueter et al. 2022: no seam, a different texture), ``crack`` (a
-  thin dark curve) and ``break`` (a dark chip along one side of the patch).
+  thin dark curve) and ``break`` (a dark chip along one side of the patch). ``cracks`` is ``strong``
+  with most of its scratches (12 of its 15%) drawn as cracks and breaks instead.
 
 Everything runs on the patches' device and draws from one torch.Generator: a seed fixes it.
 """
@@ -69,6 +70,9 @@ PRESETS = {
         p_filter=0.2,
         p_band=0.3,
     ),
+    # ``strong`` with most of its scratches replaced by cracks and breaks (thin dark curves, dark
+    # chips at a side): the defects that |mu_S| and f_thetaM missed most (docs/reports)
+    "cracks": AnomalyConfig(p_crack=0.08, p_break=0.04),
     "defects": AnomalyConfig(
         normal_prob=0.3,
         perlin_scales=(1, 2, 4, 8),
