@@ -112,6 +112,16 @@ def train_cmd(
     support_levels: Annotated[
         int, typer.Option("--support-levels", metavar="N", help="detect: U-Net scales of f_thetaM.")
     ] = ModelConfig.support_levels,
+    lowrank_b: Annotated[
+        str | None,
+        typer.Option(
+            "--lowrank-b",
+            metavar="network|variational",
+            help="q(B) from f_thetaB (network, the paper) or by the closed-form variational update "
+            "given q(A) with automatic relevance determination (variational; docs/model.md). "
+            "Default: network, or the --init checkpoint's.",
+        ),
+    ] = None,
     sparse_input: Annotated[
         str | None,
         typer.Option(
@@ -229,6 +239,7 @@ def train_cmd(
         "sparse_levels": sparse_levels,
         "lowrank_width": lowrank_width,
         **({"sparse_input": sparse_input} if sparse_input else {}),
+        **({"lowrank_b": lowrank_b} if lowrank_b else {}),
         **({"support_width": support_width} if support_width is not None else {}),
         "support_levels": support_levels,
     }

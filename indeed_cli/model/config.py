@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 FORMAT_VERSION = 1
 TASKS = ("denoise", "detect")
 SPARSE_INPUTS = ("residual", "residual+lowrank")
+LOWRANK_B = ("network", "variational")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class ModelConfig:
     # as extra input channels (a deviation measured in docs/model.md)
     sparse_input: str = "residual"
     groups: int = 8
+    # q(B): "network" = f_thetaB (the paper); "variational" = the closed-form update of q(B) given
+    # q(A), the noise precision and gamma, iterated with the gamma update (docs/model.md, "The
+    # variational update of q(B)"; f_thetaB's weights stay in the checkpoint, unused)
+    lowrank_b: str = "network"
     # f_thetaM (detection): U-Net on (Y, mu_L, mu_S) -> q(support of S); 0 = no such module
     support_width: int = 0
     support_levels: int = 3
@@ -81,6 +86,8 @@ class ModelConfig:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self.sparse_input not in SPARSE_INPUTS:
             raise ValueError(f"sparse_input must be one of {SPARSE_INPUTS}, got {self.sparse_input!r}")
+        if self.lowrank_b not in LOWRANK_B:
+            raise ValueError(f"lowrank_b must be one of {LOWRANK_B}, got {self.lowrank_b!r}")
         if self.rank < 1:
             raise ValueError("rank must be positive")
         if self.support_width and self.task != "detect":

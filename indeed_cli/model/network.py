@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .posteriors import low_rank
+from .posteriors import low_rank, noise_precision_estimate, variational_B
 
 SIGMA_FLOOR = 1e-4
 
@@ -96,11 +96,19 @@ class LowRankModule(nn.Module):
         self.trunk = nn.Sequential(*[ResBlock(w, cfg.groups) for _ in range(cfg.lowrank_blocks)])
         self.factor_A = FactorHead(w, C, cfg.rank, cfg.groups)
         self.factor_B = FactorHead(w, C, cfg.rank, cfg.groups)
+        self.variational_b = cfg.lowrank_b == "variational"
 
     def forward(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         # the input in the weights' precision (a no-op for fp32; bf16 inference, Checkpoint.network)
         feats = self.trunk(self.stem(F.pixel_unshuffle(Y, 2).to(self.stem.weight.dtype)))
         mu_A, sigma_A = self.factor_A(feats, axis=2)
+        if self.variational_b:  # q(B) in closed form given q(A) (docs/model.md): f_thetaB is not used
+            mu_B, sigma_B, _ = variational_B(Y, mu_A, sigma_A, noise_precision_estimate(Y))
+            # balance each pair (a_i s_i, b_i / s_i, ||a_i s_i|| = ||b_i / s_i||): L is unchanged, and a
+            # component the update switched off (b_i ~ 0) has a_i ~ 0 too, as under the shared gamma_i
+            s = ((mu_B.square().sum(-2) + 1e-12) / (mu_A.float().square().sum(-2) + 1e-12)).pow(0.25)[..., None, :]
+            mu_A, sigma_A = mu_A * s.to(mu_A.dtype), sigma_A * s.to(mu_A.dtype)
+            return mu_A, sigma_A, (mu_B / s).to(mu_A.dtype), (sigma_B / s).to(mu_A.dtype)
         mu_B, sigma_B = self.factor_B(feats, axis=3)
         return mu_A, sigma_A, mu_B, sigma_B
 

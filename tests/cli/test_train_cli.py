@@ -35,6 +35,13 @@ def test_init_starts_from_checkpoint_weights(tmp_path, rng, run_cli):
     )
     assert all(torch.equal(a[k], b[k]) for k in a)  # lr 0: the exported weights are the initial ones
     assert read_metadata(tmp_path / "run" / "model.safetensors")["training"]["init"] == str(start)
+    # the variational q(B) starts from a checkpoint of f_thetaB's kind (the same weights)
+    from dataclasses import replace
+
+    train(replace(tiny_config(3), lowrank_b="variational"), tc, ims, tmp_path / "run_vb", device="cpu", progress=False)
+    vb = load_checkpoint(tmp_path / "run_vb" / "model.safetensors")
+    assert vb.config.lowrank_b == "variational"
+    assert all(torch.equal(a[k], vb.model.state_dict()[k]) for k in a)
     # a mismatching config is refused before training
     code, _, err = run_cli(
         "train",

@@ -79,3 +79,23 @@ def test_bad_inputs_are_refused():
         m(torch.rand(1, 1, 16, 16))
     with pytest.raises(ValueError):
         InDeed(tiny_config(channels=2))
+
+
+def test_variational_q_of_B_replaces_f_theta_B_and_balances_the_factors():
+    from dataclasses import replace
+
+    net = tiny_model(channels=3)
+    var = InDeed(replace(net.cfg, lowrank_b="variational"))
+    var.load_state_dict(net.state_dict())  # the same weights: f_thetaB is kept, unused
+    Y = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        dn, dv = net(Y), var(Y)
+    # q(A) is f_thetaA's, each column rescaled; q(B) is the update's, balanced against it
+    cos = torch.nn.functional.cosine_similarity(dn.mu_A, dv.mu_A, dim=-2)
+    assert torch.allclose(cos, torch.ones_like(cos), atol=1e-4)
+    na, nb = dv.mu_A.square().sum(-2), dv.mu_B.square().sum(-2)
+    assert torch.allclose(na, nb, rtol=1e-3, atol=1e-8)
+    assert not torch.allclose(dn.mu_B, dv.mu_B)
+    assert torch.allclose(dv.L_hat, low_rank(dv.mu_A, dv.mu_B), atol=1e-6)
+    # L is the noisy input's projection onto q(A)'s kept columns: closer to Y than f_thetaB's
+    assert (dv.L_hat - Y).square().mean() < (dn.L_hat - Y).square().mean()

@@ -250,3 +250,50 @@ def test_collapsed_objective_terms_follow_modules():
     s, l_, ls = (P.collapsed_objective(d, Y, m, Priors()) for m in ("S", "L", "LS"))
     assert torch.allclose(ls - fid, (s - fid) + (l_ - fid))
     assert not torch.allclose(s, fid) and not torch.allclose(l_, fid)
+
+
+def test_variational_B_is_the_closed_form_posterior_given_A_and_gamma():
+    from indeed_cli.model.posteriors import variational_B
+
+    g = torch.Generator().manual_seed(0)
+    h, w, r = 24, 20, 5
+    A = torch.randn(1, 1, h, r, generator=g, dtype=torch.float64).float()
+    sA = 0.1 * torch.rand(1, 1, h, r, generator=g)
+    Y = torch.randn(1, 1, h, w, generator=g)
+    beta = torch.tensor([[4.0]])
+    # one iteration: gamma is still its start (1), so q(B) is the Gaussian posterior of B under the
+    # prior N(0, I) and the likelihood N(Y | A B^T, 1/beta) with E[A^T A] = A^T A + diag(sum sigma_A^2)
+    mu_B, sigma_B, _ = variational_B(Y, A, sA, beta, iterations=1)
+    A64, Y64 = A[0, 0].double(), Y[0, 0].double()
+    EAtA = A64.T @ A64 + torch.diag(sA[0, 0].double().square().sum(0))
+    Sigma = torch.linalg.inv(4.0 * EAtA + torch.eye(r, dtype=torch.float64))
+    assert torch.allclose(mu_B[0, 0].double(), (4.0 * Sigma @ A64.T @ Y64).T, atol=1e-4)
+    assert torch.allclose(sigma_B[0, 0].double(), Sigma.diagonal().sqrt().expand(w, r), atol=1e-5)
+
+
+def test_variational_B_switches_off_components_that_explain_nothing():
+    from indeed_cli.model.posteriors import variational_B
+
+    g = torch.Generator().manual_seed(1)
+    h, w = 64, 48
+    a = torch.randn(h, 2, generator=g)
+    b = torch.randn(w, 2, generator=g)
+    sigma = 0.05
+    Y = (a @ b.T + sigma * torch.randn(h, w, generator=g))[None, None]
+    junk = torch.randn(h, 4, generator=g)  # columns of A that the image does not use
+    A = torch.cat([a, junk], 1)[None, None]
+    mu_B, _, gamma = variational_B(Y, A, torch.zeros_like(A), torch.tensor([[1 / sigma**2]]), iterations=30)
+    assert gamma[0, 0, :2].max() < 10 and gamma[0, 0, 2:].min() > 1e3  # kept / switched off
+    L = A[0, 0].float() @ mu_B[0, 0].T
+    assert (L - (a @ b.T).float()).square().mean() < 0.1 * sigma**2  # the low-rank part, not the noise
+
+
+def test_noise_precision_estimate_recovers_sigma_of_white_noise():
+    from indeed_cli.model.posteriors import noise_precision_estimate
+
+    g = torch.Generator().manual_seed(2)
+    smooth = torch.linspace(0, 1, 128).view(1, 1, 1, 128).expand(2, 3, 128, 128)
+    for sigma in (5 / 255, 25 / 255):
+        Y = smooth + sigma * torch.randn(2, 3, 128, 128, generator=g)
+        est = noise_precision_estimate(Y).rsqrt()
+        assert est.shape == (2, 3) and ((est / sigma) - 1).abs().max() < 0.1

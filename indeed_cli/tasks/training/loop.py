@@ -121,7 +121,9 @@ def _train(
         start = load_checkpoint(tc.init, dev)
         adds_support = not start.config.support_width and model_cfg.support_width
         bare = replace(model_cfg, support_width=0, support_levels=start.config.support_levels)
-        if start.config != (bare if adds_support else model_cfg):
+        # the variational q(B) has f_thetaB's weights too (unused): either kind starts the other
+        same_b = replace(start.config, lowrank_b=model_cfg.lowrank_b)
+        if same_b != (bare if adds_support else model_cfg):
             raise ValueError(f"--init checkpoint {tc.init} has another model config than this run")
         # a detector without f_thetaM may start one: its other modules load, f_thetaM starts fresh
         model.load_state_dict(start.model.state_dict(), strict=not adds_support)
