@@ -76,6 +76,8 @@ def export_onnx(
         None if weights is None else str(weights), channels, task), "cpu")  # fmt: skip
     if ck.config.task not in OUTPUTS:
         raise UsageError(f"cannot export a {ck.config.task!r} checkpoint")
+    if ck.config.lowrank_b != "network":  # its iterated Cholesky solves have no ONNX counterpart
+        raise UsageError(f"cannot export a checkpoint with lowrank_b={ck.config.lowrank_b!r}; only f_thetaB's q(B)")
     try:
         InferenceOptions(tile=tile, overlap=0).check(ck.config.multiple)
     except ValueError as e:

@@ -49,6 +49,9 @@ def test_export_refuses_clearly(run_cli, tmp_path):
     assert code == 2 and "multiple of 8" in err and not (tmp_path / "y.onnx").exists()
     code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "y.txt")
     assert code == 2 and ".onnx" in err
+    v = save_checkpoint(tmp_path / "v.safetensors", tiny_model(3, lowrank_b="variational"))
+    code, _, err = run_cli("export", "-w", v, "--onnx", tmp_path / "v.onnx")
+    assert code == 2 and "lowrank_b" in err and not (tmp_path / "v.onnx").exists()
 
 
 @pytest.mark.parametrize("support", [0, 8])
