@@ -76,8 +76,8 @@ def variational_B(
             M = beta * (Sigma @ AtY)  # (N, C, r, w) = mu_B^T
             var = torch.diagonal(Sigma, dim1=-2, dim2=-1)
             # MacKay's fixed point (w (1 - gamma_i Sigma_ii) counts the well-determined directions): the
-            # same stationary points as the EM form (alpha0 + w/2) / (beta0 + (||b_i||^2 + w Sigma_ii)/2),
-            # reached in a few iterations instead of hundreds
+            # stationary points of the EM form (alpha0 + w/2) / (beta0 + (||b_i||^2 + w Sigma_ii)/2) up to
+            # alpha0 - 1 for alpha0 (the mode of q(gamma_i) for its mean), in a few iterations, not hundreds
             well = (w * (1 - gamma * var)).clamp_min(0) + 2 * (priors.alpha0 - 1)
             gamma = (well / (M.square().sum(-1) + 2 * priors.beta0_gamma)).clamp(max=1e10)
         sigma_B = var.sqrt()[..., None, :].expand(M.shape[:2] + (w, r))

@@ -96,8 +96,11 @@ def train(
                 raise UsageError(str(e)) from None
         # and the other: q(B) by f_thetaB or by the variational update (same weights either way)
         if (model or {}).get("lowrank_b"):
-            cfg = replace(cfg, lowrank_b=model["lowrank_b"])
-            cfg.validate()
+            try:
+                cfg = replace(cfg, lowrank_b=model["lowrank_b"])
+                cfg.validate()
+            except ValueError as e:
+                raise UsageError(str(e)) from None
         if cfg.task != task or cfg.channels != channels:
             raise CheckpointError(
                 f"--init {init} is a {cfg.channels}-channel {cfg.task} model; this run is a "

@@ -75,6 +75,23 @@ def test_init_starts_from_checkpoint_weights(tmp_path, rng, run_cli):
         "-q",
     )
     assert code == 2 and "sparse_input" in err
+    code, _, err = run_cli(
+        "train",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "r4",
+        "--init",
+        start,
+        "--lowrank-b",
+        "svd",
+        "--val-count",
+        "0",
+        "--steps",
+        "1",
+        "-q",
+    )
+    assert code == 2 and "lowrank_b" in err and not (tmp_path / "r4").exists()
 
 
 def test_train_cli_builds_the_requested_sparse_module(tmp_path, rng, run_cli):
