@@ -97,13 +97,14 @@ class LowRankModule(nn.Module):
         self.factor_A = FactorHead(w, C, cfg.rank, cfg.groups)
         self.factor_B = FactorHead(w, C, cfg.rank, cfg.groups)
         self.variational_b = cfg.lowrank_b == "variational"
+        self.priors = cfg.priors  # the gamma prior of the variational q(B)
 
     def forward(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         # the input in the weights' precision (a no-op for fp32; bf16 inference, Checkpoint.network)
         feats = self.trunk(self.stem(F.pixel_unshuffle(Y, 2).to(self.stem.weight.dtype)))
         mu_A, sigma_A = self.factor_A(feats, axis=2)
         if self.variational_b:  # q(B) in closed form given q(A) (docs/model.md): f_thetaB is not used
-            mu_B, sigma_B, _ = variational_B(Y, mu_A, sigma_A, noise_precision_estimate(Y))
+            mu_B, sigma_B, _ = variational_B(Y, mu_A, sigma_A, noise_precision_estimate(Y), priors=self.priors)
             # balance each pair (a_i s_i, b_i / s_i, ||a_i s_i|| = ||b_i / s_i||): L is unchanged, and a
             # component the update switched off (b_i ~ 0) has a_i ~ 0 too, as under the shared gamma_i
             s = ((mu_B.square().sum(-2) + 1e-12) / (mu_A.float().square().sum(-2) + 1e-12)).pow(0.25)[..., None, :]
