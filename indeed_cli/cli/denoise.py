@@ -70,7 +70,8 @@ def little_change_note(done: list[Outcome]) -> str:
     quiet = [
         o
         for o in done
-        if (o.record.get("change_rms") or LITTLE_CHANGE) < LITTLE_CHANGE
+        if o.record.get("change_rms") is not None  # None: output and input of different shapes
+        and o.record["change_rms"] < LITTLE_CHANGE
         and not o.record.get("ood")
         and not o.record.get("adapted")
     ]

@@ -88,6 +88,9 @@ def test_nearly_unchanged_images_get_one_line_naming_what_to_try():
     gray_rec = rec(0.1, channels=1, weights="w/indeed-denoise-gray.safetensors")
     gray = little_change_note([Outcome(Path("g.png"), gray_rec)])
     assert gray and "color-camera" not in gray
+    # an output identical to its input (0 grey levels) is the clearest case; no measure, no line
+    assert little_change_note([Outcome(Path("z.png"), rec(0.0))]).startswith("z.png changed by only 0 grey")
+    assert little_change_note([Outcome(Path("n.png"), rec(None))]) == ""
 
 
 def test_denoise_json_reports_how_much_the_image_changed(run_cli, folder, tmp_path, ckpt_paths):
