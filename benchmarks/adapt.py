@@ -7,7 +7,8 @@ between real-noise inputs and in-distribution synthetic inputs (CBSD68 + AWGN si
         --ood-clean ../shared/data/denoise-test/CBSD68 [--methods none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d]
 
 Methods: ``none`` (shipped weights), ``none@WEIGHTS`` (plain inference with other weights: a
-bundled name or a path), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of
+bundled name or a path), any of them ending in ``+psN`` (read out on the N x N pixel-shuffled
+sub-images, ``indeed denoise --pixel-shuffle N``), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of
 the folder, then inference), ``oag`` (InDeedOAG: a fresh adaptation per image; its time per
 image is reported), ``ffdnet`` / ``cbm3d`` (peers, `bench` extra) with sigma estimated from
 the noisy input by scikit-image's wavelet estimator.  ``--rows-out`` / ``--from-rows`` merge
@@ -114,9 +115,10 @@ def warm_up(ck, data, opts, acfg: AdaptConfig, device: str) -> None:
     sync(device)
 
 
-def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str) -> list[dict]:
+def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixel_shuffle: int = 1) -> list[dict]:
     """``method``: none, ag-S|L|LS or oag, optionally ``:ood`` / ``:change`` / ``:always``
-    (AdaptConfig.decide; without it the default)."""
+    (AdaptConfig.decide; without it the default); ``pixel_shuffle``: the read-out of the result
+    (``+psN`` after a method, docs/guide/denoise.md)."""
     rows = []
     base, _, decide = method.partition(":")
     acfg = AdaptConfig(**{**acfg.__dict__, "decide": decide or None})
@@ -138,7 +140,9 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str) -> l
             results = adapt_each(ck, [[y] for _, y, _ in chunk], acfg)
             sync(device)
             t_adapt = time.perf_counter() - t
-            outs = [denoise(res.checkpoint, y, opts) for (_, y, _), res in zip(chunk, results)]
+            outs = [
+                denoise(res.checkpoint, y, opts, pixel_shuffle=pixel_shuffle) for (_, y, _), res in zip(chunk, results)
+            ]
             sync(device)
             per_image = (time.perf_counter() - t) / len(chunk)  # amortised over the chunk
             for (name, _, x), res, out in zip(chunk, results, outs):
@@ -167,7 +171,7 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str) -> l
     for (name, y, x), adapted in zip(data, used):
         sync(device)
         t = time.perf_counter()
-        out = denoise(shared if shared and adapted else ck, y, opts)
+        out = denoise(shared if shared and adapted else ck, y, opts, pixel_shuffle=pixel_shuffle)
         sync(device)
         seconds = time.perf_counter() - t  # before the metrics: SSIM of a 512x512 image takes ~0.07 s
         rows.append(
@@ -308,7 +312,8 @@ def main() -> None:
     ap.add_argument(
         "--methods",
         default="none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d",
-        help="adaptations may end in :always, :change or :ood (AdaptConfig.decide), e.g. oag,oag:always",
+        help="adaptations may end in :always, :change or :ood (AdaptConfig.decide), e.g. oag,oag:always; "
+        "any indeed method in +psN (pixel-shuffle read-out), e.g. none+ps2,none@color-fullchroma+ps2",
     )
     ap.add_argument("--weights", default=None)
     ap.add_argument("--device", default="auto")
@@ -388,13 +393,15 @@ def main() -> None:
             ]
             for m in methods:
                 t = time.perf_counter()
+                base, _, ps = m.partition("+ps")  # +psN: read out on the N x N pixel-shuffled sub-images
+                ps = int(ps or 1)
                 if m in ("ffdnet", "cbm3d"):
                     got = run_peer(m, data, dev)
-                elif m.startswith("none@"):  # plain inference with other weights, beside the shipped ones
-                    got = run_indeed("none", load_model(m[5:], 3, a.device), data, opts, acfg, dev)
-                    got = [{**r, "method": m} for r in got]
+                elif base.startswith("none@"):  # plain inference with other weights, beside the shipped ones
+                    got = run_indeed("none", load_model(base[5:], 3, a.device), data, opts, acfg, dev, ps)
                 else:
-                    got = run_indeed(m, ck, data, opts, acfg, dev)
+                    got = run_indeed(base, ck, data, opts, acfg, dev, ps)
+                got = [{**r, "method": m} for r in got]
                 print(
                     f"{name} {m}: {time.perf_counter() - t:.1f} s, mean PSNR {np.mean([r['psnr'] for r in got]):.2f}",
                     file=sys.stderr,

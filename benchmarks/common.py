@@ -8,12 +8,12 @@ import numpy as np
 import torch
 
 
-def indeed_method(weights: str | None, channels: int, device: str = "cpu", **opts):
+def indeed_method(weights: str | None, channels: int, device: str = "cpu", pixel_shuffle: int = 1, **opts):
     from indeed_cli import InferenceOptions, denoise, load_model
 
     ck = load_model(weights, channels, device)
     o = InferenceOptions(**opts)
-    return lambda y, sigma: denoise(ck, y, o)
+    return lambda y, sigma: denoise(ck, y, o, pixel_shuffle=pixel_shuffle)
 
 
 def indeed_lowrank_method(weights: str | None, channels: int, device: str = "cpu", **opts):

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..inference import MAX_PIXEL_SHUFFLE
 from ..io import JPEG_QUALITY, is_stdio
 from ..model.registry import BUNDLED_CAMERA
 from ..pipelines import Outcome, denoise_folder
@@ -43,6 +44,18 @@ def denoise_cmd(
     quality: Annotated[
         int, typer.Option("--quality", metavar="1-100", min=1, max=100, help="JPEG and WebP quality of -o FILE.jpg.")
     ] = JPEG_QUALITY,
+    pixel_shuffle: Annotated[
+        int,
+        typer.Option(
+            "--pixel-shuffle",
+            metavar="1-4",
+            min=1,
+            max=MAX_PIXEL_SHUFFLE,
+            help="Denoise the N x N pixel-shuffled sub-images one by one (N = 2: every second pixel): for real "
+            "camera noise, which is correlated between neighbouring pixels and left in place otherwise. "
+            "Loses fine detail on clean or Gaussian-noise images (docs/guide/denoise.md).",
+        ),
+    ] = 1,
     run: RunOptions = RunOptions(),
 ) -> None:
     """Denoise images with the InDeed posterior mean L + S (--json adds the OOD score)."""
@@ -52,7 +65,13 @@ def denoise_cmd(
         raise CLIError("-o - writes a PNG to standard output, which is a terminal here; redirect or pipe it")
     report = Reporter(run.json_out, run.quiet)
     denoise_folder(
-        inputs, output, auto_adapt=auto_adapt, ood_threshold=ood_threshold, quality=quality, **run.folder_run(report)
+        inputs,
+        output,
+        auto_adapt=auto_adapt,
+        ood_threshold=ood_threshold,
+        quality=quality,
+        pixel_shuffle=pixel_shuffle,
+        **run.folder_run(report),
     )
     done = report.processed()
     report.finish(ood_warning(done), little_change_note(done))
@@ -77,30 +96,31 @@ def little_change_note(done: list[Outcome]) -> str:
     ]
     if not quiet:
         return ""
-    run, camera = _adapt_advice(quiet)
     if len(quiet) == 1:
         what = f"{quiet[0].source.name} changed by only {quiet[0].record['change_rms']:.2g} grey levels (RMS)"
         it, looks, its = "it is", "it looks", "its"
     else:
         what = f"{len(quiet)} of {len(done)} images changed by less than {LITTLE_CHANGE:g} grey level (RMS)"
         it, looks, its = "they are", "they look", "their"
-    if camera:
-        run += " or --weights color-camera"
-    return f"{what}: fine if {it} clean; if {looks} noisy, {its} noise is unlike Gaussian noise: try {run}"
+    options = _alternatives(quiet)
+    return f"{what}: fine if {it} clean; if {looks} noisy, {its} noise is unlike Gaussian noise: try {options}"
 
 
-def _adapt_advice(images: list[Outcome]) -> tuple[str, bool]:
-    """What to run on these images instead: the `indeed adapt` command (OAG for one image, AG for
-    several), and whether the camera-noise model is worth naming (a colour image denoised with
-    another model; weights/README.md)."""
+def _alternatives(images: list[Outcome], first: tuple[str, ...] = ()) -> str:
+    """What to run on these images instead, as one phrase: ``first``, the pixel-shuffle read-out
+    (unless it was used; on synthetic camera noise it gained 2-6 dB, docs/guide/denoise.md), the
+    `indeed adapt` command (OAG for one image, AG for several), and the camera-noise model for a
+    colour image denoised with another model (weights/README.md)."""
+    options = list(first)
+    if all(o.record.get("pixel_shuffle", 1) == 1 for o in images):
+        options.append("--pixel-shuffle 2")
     if len(images) == 1:
-        run = f"`indeed adapt {images[0].source} --mode oag -o DIR`"
+        options.append(f"`indeed adapt {images[0].source} --mode oag -o DIR`")
     else:
-        run = "`indeed adapt FOLDER --mode ag -o DIR` (one camera)"
-    camera = any(
-        o.record.get("channels") == 3 and Path(str(o.record.get("weights"))).name != BUNDLED_CAMERA for o in images
-    )
-    return run, camera
+        options.append("`indeed adapt FOLDER --mode ag -o DIR` (one camera)")
+    if any(o.record.get("channels") == 3 and Path(str(o.record.get("weights"))).name != BUNDLED_CAMERA for o in images):
+        options.append("--weights color-camera (trained on camera noise)")
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
 
 
 def ood_warning(done: list[Outcome]) -> str:
@@ -116,8 +136,5 @@ def ood_warning(done: list[Outcome]) -> str:
         what = f"{o.source.name} looks unlike the training images (OOD score {score:.3g} > {threshold:.3g})"
     else:
         what = f"{len(flagged)} of {len(done)} images look unlike the training images (OOD score > {threshold:.3g})"
-    run, camera = _adapt_advice(flagged)
-    options = f"--auto-adapt or {run}"
-    if camera:  # a colour photograph: the model trained on camera noise is the other way
-        options = f"--auto-adapt, {run}, or --weights color-camera (trained on camera noise)"
+    options = _alternatives(flagged, ("--auto-adapt",))
     return f"{what}: real camera noise, say, may be left in place; rerun with {options}"

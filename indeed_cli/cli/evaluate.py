@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..inference import MAX_PIXEL_SHUFFLE
 from ..pipelines import evaluate_denoise, evaluate_detect
 from .options import INFERENCE, RunOptions, shared_options
 from .runner import CLIError, emit_json
@@ -59,6 +60,16 @@ def evaluate_cmd(
             "(LEVEL light, medium or heavy; +jpeg: JPEG quality 90), scored against the noiseless camera image.",
         ),
     ] = "awgn",
+    pixel_shuffle: Annotated[
+        int,
+        typer.Option(
+            "--pixel-shuffle",
+            metavar="1-4",
+            min=1,
+            max=MAX_PIXEL_SHUFFLE,
+            help="denoise: score the read-out of `indeed denoise --pixel-shuffle N`.",
+        ),
+    ] = 1,
     run: RunOptions = RunOptions(),
 ) -> None:
     """Score denoising (PSNR/SSIM) or anomaly detection (AUROC/AP), as a table or JSON lines."""
@@ -69,7 +80,7 @@ def evaluate_cmd(
         summary = evaluate_detect(clean, mask_suffix=mask_suffix, **common)
     elif task == "denoise":
         summary = evaluate_denoise(clean, sigmas=sigma, clipped8=clipped, noisy=noisy, pair=pair, limit=limit,
-                                   noise=noise, **common)  # fmt: skip
+                                   noise=noise, pixel_shuffle=pixel_shuffle, **common)  # fmt: skip
     else:
         raise CLIError(f"--task must be denoise or detect, got {task!r}")
     if run.json_out:

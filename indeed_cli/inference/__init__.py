@@ -5,12 +5,14 @@ Layer 2 of the package: imports :mod:`indeed_cli.model` and :mod:`indeed_cli.io`
 
 from .channels import ChannelAdapter, as_model_channels, training_channels
 from .decomposition import (
+    MAX_PIXEL_SHUFFLE,
     Decomposed,
     as_image,
     decompose,
     denoise,
     denoise_with_stats,
     n_tiles,
+    pixel_shuffle_denoise,
     sparse_mean,
     support_probability,
 )
@@ -18,6 +20,7 @@ from .runtime import InferenceOptions, load_model, native_bf16, network_for, res
 from .tiling import TileGrid, reflect_index, tiled_apply
 
 __all__ = [
+    "MAX_PIXEL_SHUFFLE",
     "ChannelAdapter",
     "Decomposed",
     "InferenceOptions",
@@ -31,6 +34,7 @@ __all__ = [
     "n_tiles",
     "native_bf16",
     "network_for",
+    "pixel_shuffle_denoise",
     "reflect_index",
     "resolve_device",
     "resolve_precision",

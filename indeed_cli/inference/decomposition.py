@@ -292,30 +292,75 @@ def _run_whole(
         return maps, grids
 
 
-def n_tiles(h: int, w: int, opts: InferenceOptions) -> int:
-    """Tiles one inference of an h x w image runs (for progress bars)."""
-    return len(TileGrid(h, w, opts.tile, opts.overlap))
+def n_tiles(h: int, w: int, opts: InferenceOptions, pixel_shuffle: int = 1) -> int:
+    """Tiles one inference of an h x w image runs (for progress bars); with ``pixel_shuffle`` s > 1,
+    those of :func:`denoise_with_stats`: the whole image (its statistics) and its s x s sub-images."""
+    if pixel_shuffle == 1:
+        return len(TileGrid(h, w, opts.tile, opts.overlap))
+    s = pixel_shuffle
+    sizes = [(-(-(h - i) // s), -(-(w - j) // s)) for i in range(s) for j in range(s)]  # ceil((h - i) / s)
+    sub = sum(len(TileGrid(a, b, opts.tile, opts.overlap)) for a, b in sizes)
+    return len(TileGrid(h, w, opts.tile, opts.overlap)) + sub
+
+
+MAX_PIXEL_SHUFFLE = 4
+
+
+def pixel_shuffle_denoise(
+    ckpt: Checkpoint, data: np.ndarray, stride: int, opts: InferenceOptions, progress=None
+) -> np.ndarray:
+    """L + S read out on the stride x stride pixel-shuffled sub-images of ``data`` (C, h, w), each
+    denoised on its own and put back in place (not clipped); docs/model.md, "Pixel-shuffle read-out".
+
+    Real camera noise is correlated between neighbouring pixels (demosaicing spreads each sensor
+    pixel's noise over its neighbours), which the model's white noise N does not describe, so it
+    reads much of that noise as signal; in a sub-image of every second pixel (one Bayer phase) the
+    noise is close to white again.  The price is fine detail: structure near the pixel pitch aliases
+    in the sub-images."""
+    if not 1 <= stride <= MAX_PIXEL_SHUFFLE:
+        raise ValueError(f"pixel shuffle must be 1 to {MAX_PIXEL_SHUFFLE}, got {stride}")
+    if stride == 1:
+        return _run(ckpt, data, "denoise", opts, progress)[0]["X"].numpy()
+    if min(data.shape[1:]) < 2 * stride:
+        raise ValueError(f"an image of {data.shape[1]}x{data.shape[2]} is too small for a pixel shuffle of {stride}")
+    out = np.empty_like(data)
+    for i in range(stride):
+        for j in range(stride):
+            sub = np.ascontiguousarray(data[:, i::stride, j::stride])
+            out[:, i::stride, j::stride] = _run(ckpt, sub, "denoise", opts, progress)[0]["X"].numpy()
+    return out
 
 
 def denoise(
-    ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None, clip: bool = True
+    ckpt: Checkpoint,
+    image,
+    opts: InferenceOptions | None = None,
+    progress=None,
+    clip: bool = True,
+    pixel_shuffle: int = 1,
 ) -> np.ndarray:
     """Denoised image L + S (posterior means), float32 (C, h, w), clipped to [0, 1] unless ``clip``
-    is False (a posterior mean may leave [0, 1] slightly near black and white)."""
+    is False (a posterior mean may leave [0, 1] slightly near black and white).
+
+    ``pixel_shuffle`` s > 1: read out on the s x s pixel-shuffled sub-images
+    (:func:`pixel_shuffle_denoise`), for real camera noise; it costs detail on other images."""
     data, _ = as_image(image)
-    maps, _ = _run(ckpt, data, "denoise", opts or InferenceOptions(), progress)
-    out = maps["X"].numpy()
+    out = pixel_shuffle_denoise(ckpt, data, pixel_shuffle, opts or InferenceOptions(), progress)
     return np.clip(out, 0.0, 1.0, out=out) if clip else out
 
 
 def denoise_with_stats(
-    ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None
+    ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None, pixel_shuffle: int = 1
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """L + S (not clipped) and the per-tile ELBO terms ``l_rank`` and ``l_sparse`` (tiles_y, tiles_x),
-    the features of the OOD score, for little more than :func:`denoise` costs."""
+    the features of the OOD score, for little more than :func:`denoise` costs.  With ``pixel_shuffle``
+    s > 1 the terms still come from the whole image (the OOD statistics were learned on whole
+    images), at the cost of one more read-out."""
     data, _ = as_image(image)
-    maps, grids = _run(ckpt, data, "denoise+stats", opts or InferenceOptions(), progress)
-    return maps["X"].numpy(), {k: v.numpy() for k, v in grids.items()}
+    opts = opts or InferenceOptions()
+    maps, grids = _run(ckpt, data, "denoise+stats", opts, progress)
+    out = maps["X"].numpy() if pixel_shuffle == 1 else pixel_shuffle_denoise(ckpt, data, pixel_shuffle, opts, progress)
+    return out, {k: v.numpy() for k, v in grids.items()}
 
 
 def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:

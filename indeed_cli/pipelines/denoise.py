@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inference import InferenceOptions, denoise, denoise_with_stats, n_tiles
+from ..inference import MAX_PIXEL_SHUFFLE, InferenceOptions, denoise, denoise_with_stats, n_tiles
 from ..io import JPEG_QUALITY, ImageError, check_output_format, write_image
 from ..model import Checkpoint, CheckpointError
 from ..tasks.adaptation import AdaptConfig, adapt_images, default_group
 from ..tasks.ood import ood_features, ood_report
-from .inputs import expand_inputs, input_names, plan_outputs
+from .inputs import UsageError, expand_inputs, input_names, plan_outputs
 from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
 
 
@@ -39,6 +39,7 @@ def denoise_folder(
     on_outcome: Callable[[Outcome], None] | None = None,
     progress: Progress | None = None,
     shard: tuple[int, int] | None = None,
+    pixel_shuffle: int = 1,
 ) -> list[Outcome]:
     """Denoise ``inputs`` (files, folders, globs, ``-``) into ``output``: a file for one input (its
     suffix says the format; ``quality`` for JPEG and WebP), else a folder of ``<name>.png`` (with
@@ -51,7 +52,11 @@ def denoise_folder(
     :class:`~indeed_cli.model.CheckpointError`; an image that cannot be read or written is a failed
     Outcome and the others go on.  ``shard`` (K, N): only every N-th input from the K-th, for one of
     N processes that share the work (their outputs together are those of one run).
+    ``pixel_shuffle`` s > 1 reads each image out on its s x s pixel-shuffled sub-images
+    (:func:`~indeed_cli.inference.denoise`): for real camera noise, at a cost in fine detail.
     """
+    if not 1 <= pixel_shuffle <= MAX_PIXEL_SHUFFLE:
+        raise UsageError(f"--pixel-shuffle must be 1 to {MAX_PIXEL_SHUFFLE}, got {pixel_shuffle}")
     opts = options or InferenceOptions()
     progress = progress or Progress()
     every = expand_inputs(inputs, recursive)
@@ -59,7 +64,7 @@ def denoise_folder(
     paths, targets, skipped = plan_outputs(every, Path(output), ".png", force, skip_existing, names, shard)
     models = ModelCache(weights, device)
     progress.start(len(paths))
-    steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, quality, progress)
+    steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, quality, progress, pixel_shuffle)
     return run_ordered(steps, on_outcome, skipped, shard=shard, inputs=every)
 
 
@@ -82,6 +87,7 @@ def _steps(
     ood_threshold: float | None,
     quality: int,
     progress: Progress,
+    pixel_shuffle: int = 1,
 ) -> Iterator[Product | Outcome]:
     pending: list[dict] = []  # flagged images waiting for one batched OAG
 
@@ -97,6 +103,7 @@ def _steps(
             "seconds": round(item["seconds"], 3),
             "weights": item["ckpt"].source,
             "change_rms": change_rms(img.data, out),
+            "pixel_shuffle": pixel_shuffle,
             **item["ood"],
             "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop},
         }
@@ -120,7 +127,7 @@ def _steps(
         share = (time.perf_counter() - t0) / len(pending)
         for item, res in zip(pending, results):
             t1 = time.perf_counter()
-            out = denoise(res.checkpoint, item["img"], opts, clip=False)
+            out = denoise(res.checkpoint, item["img"], opts, clip=False, pixel_shuffle=pixel_shuffle)
             item["seconds"] += share + time.perf_counter() - t1
             yield product(item, out, res)
         pending.clear()
@@ -130,6 +137,8 @@ def _steps(
             if isinstance(img, ImageError):
                 raise img
             check_output_format(dst, img)
+            if min(img.size) < 2 * pixel_shuffle:
+                raise ImageError(f"{src}: {img.size[0]}x{img.size[1]} is too small for --pixel-shuffle {pixel_shuffle}")
         except ImageError as e:
             yield Outcome(src, {"image": str(src)}, e)
             continue
@@ -143,9 +152,10 @@ def _steps(
         if stats and ood_threshold is not None:
             stats = {**stats, "threshold": ood_threshold}
         t0 = time.perf_counter()
-        note_large_image(progress, src.name, *img.size, img.channels, n_tiles(*img.size, opts))
-        with progress.tiles(src.name, n_tiles(*img.size, opts)) as advance:
-            out, tile_stats = denoise_with_stats(ckpt, img, opts, progress=advance)
+        tiles = n_tiles(*img.size, opts, pixel_shuffle)
+        note_large_image(progress, src.name, *img.size, img.channels, tiles)
+        with progress.tiles(src.name, tiles) as advance:
+            out, tile_stats = denoise_with_stats(ckpt, img, opts, progress=advance, pixel_shuffle=pixel_shuffle)
         item = {
             "src": src,
             "dst": dst,

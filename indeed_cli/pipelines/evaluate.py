@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inference import InferenceOptions, denoise
+from ..inference import MAX_PIXEL_SHUFFLE, InferenceOptions, denoise
 from ..io import ImageError, load_mask, read_image
 from ..metrics import add_awgn, detection_metrics, image_seed, psnr, ssim
 from ..model import Checkpoint
@@ -49,6 +49,7 @@ def evaluate_denoise(
     device: str = "auto",
     options: InferenceOptions | None = None,
     on_row: Row | None = None,
+    pixel_shuffle: int = 1,
 ) -> list[dict]:
     """PSNR/SSIM of :func:`~indeed_cli.denoise` per image, then one summary row per sigma.
 
@@ -58,7 +59,10 @@ def evaluate_denoise(
     image without noise; ``sigma`` is then the level's name.  Paired mode (``noisy`` a folder):
     ``clean`` is one folder of references, matched by ``pair`` (:func:`noisy_clean_pairs`).
     An unreadable image raises ImageError: a score over fewer images would mislead.
+    ``pixel_shuffle``: the read-out of :func:`~indeed_cli.denoise` (``indeed denoise --pixel-shuffle``).
     """
+    if not 1 <= pixel_shuffle <= MAX_PIXEL_SHUFFLE:
+        raise UsageError(f"--pixel-shuffle must be 1 to {MAX_PIXEL_SHUFFLE}, got {pixel_shuffle}")
     opts = options or InferenceOptions()
     models = ModelCache(weights, device)
     if noisy is not None:
@@ -93,7 +97,7 @@ def evaluate_denoise(
                 raise ImageError(f"{noisy_path}: size {y.shape} differs from its reference {ref.data.shape}")
         ckpt = models.get(ref.channels)
         t0 = time.perf_counter()
-        out = denoise(ckpt, y, opts)
+        out = denoise(ckpt, y, opts, pixel_shuffle=pixel_shuffle)
         score = ssim(out, target)
         row = {
             "image": str(noisy_path or clean_path),

@@ -37,7 +37,7 @@ def test_denoise_benchmark(tmp_path, rng, ckpt_paths):
         "--sigmas",
         "25",
         "--methods",
-        "indeed",
+        "indeed,indeed:ps2",
         "--forms",
         "float",
         "--weights-color",
@@ -46,7 +46,7 @@ def test_denoise_benchmark(tmp_path, rng, ckpt_paths):
         ckpt_paths[1],
         "--no-timing",
     )
-    assert "CBSD68" in out and "Set12" in out
+    assert "| CBSD68 | indeed:ps2 | 1 |" in out and "| Set12 | indeed | 1 |" in out
 
 
 def test_denoise_benchmark_splits_flat_images_and_keeps_each_image(tmp_path, rng, ckpt_paths):
@@ -105,7 +105,7 @@ def test_adapt_benchmark(tmp_path, rng, ckpt_paths):
         "--data",
         tmp_path,
         "--methods",
-        "none,oag",
+        "none,oag,none+ps2",
         "--weights",
         ckpt_paths[3],
         "--device",
@@ -113,7 +113,7 @@ def test_adapt_benchmark(tmp_path, rng, ckpt_paths):
         "--steps",
         "2",
     )
-    assert "oag" in out
+    assert "| oag |" in out and "| none+ps2 |" in out
 
 
 def test_detect_benchmark(tmp_path, rng):

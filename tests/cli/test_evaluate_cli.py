@@ -75,3 +75,15 @@ def test_evaluate_with_camera_noise(run_cli, clean, ckpt_paths):
     assert [r["psnr_in"] for r in again] == [r["psnr_in"] for r in rows]  # seeded per image
     code, _, err = run_cli("evaluate", clean, "--noise", "camera:huge", "-w", ckpt_paths[3])
     assert code == 2 and "camera:LEVEL" in err
+
+
+def test_evaluate_scores_the_pixel_shuffle_read_out(run_cli, clean, ckpt_paths):
+    args = ("evaluate", clean, "--noise", "camera:heavy", "-w", ckpt_paths[3], "--json")
+    plain = [json.loads(line) for line in run_cli(*args)[1].splitlines()]
+    code, out, err = run_cli(*args, "--pixel-shuffle", "2")
+    assert code == 0, err
+    shuffled = [json.loads(line) for line in out.splitlines()]
+    assert [r["psnr_in"] for r in shuffled] == [r["psnr_in"] for r in plain]  # the same noisy inputs
+    assert [r["psnr"] for r in shuffled[:2]] != [r["psnr"] for r in plain[:2]]  # another read-out
+    code, _, err = run_cli(*args, "--pixel-shuffle", "0")
+    assert code == 2

@@ -320,3 +320,41 @@ def test_time_is_reported_in_seconds_not_hidden(run_cli, folder, tmp_path, ckpt_
     code, out, _ = run_cli("denoise", folder, "-o", tmp_path / "o", "-w", ckpt_paths[3], "--json", "-q")
     total = sum(json.loads(line)["seconds"] for line in out.splitlines())
     assert code == 0 and 0 < total <= time.perf_counter() - t0
+
+
+def test_pixel_shuffle_read_out_from_the_command_line(run_cli, folder, tmp_path, ckpt_paths):
+    code, out, err = run_cli("denoise", folder, "-o", tmp_path / "ps", "-w", ckpt_paths[3], "--pixel-shuffle", "2",
+                             "--json")  # fmt: skip
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert len(records) == 3 and all(r["pixel_shuffle"] == 2 for r in records)
+    from indeed_cli.inference import denoise
+
+    got = np.asarray(Image.open(tmp_path / "ps" / "a.png"), dtype=np.float32) / 255
+    want = denoise(load_checkpoint(ckpt_paths[3]), folder / "a.png", pixel_shuffle=2).transpose(1, 2, 0)
+    assert np.abs(got - want).max() <= 0.5 / 255 + 1e-6  # the shuffled read-out, rounded to 8 bits
+    code, _, err = run_cli("denoise", folder, "-o", tmp_path / "bad", "-w", ckpt_paths[3], "--pixel-shuffle", "5")
+    assert code == 2 and not (tmp_path / "bad").exists()
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    write_png(tiny / "t.png", np.zeros((3, 40, 3), dtype=np.uint8))
+    write_png(tiny / "u.png", np.zeros((40, 40, 3), dtype=np.uint8))
+    code, _, err = run_cli("denoise", tiny, "-o", tmp_path / "to", "-w", ckpt_paths[3], "--pixel-shuffle", "2")
+    assert code != 0 and "too small for --pixel-shuffle 2" in err
+    assert (tmp_path / "to" / "u.png").exists() and not (tmp_path / "to" / "t.png").exists()
+
+
+def test_advice_names_the_pixel_shuffle_read_out_unless_it_was_used():
+    from indeed_cli.cli.denoise import little_change_note, ood_warning
+    from indeed_cli.pipelines import Outcome
+
+    rec = {"change_rms": 0.2, "ood": False, "adapted": None, "channels": 1, "weights": "gray.safetensors"}
+    assert little_change_note([Outcome(Path("a.png"), rec)]).endswith(
+        "try --pixel-shuffle 2 or `indeed adapt a.png --mode oag -o DIR`"
+    )
+    used = little_change_note([Outcome(Path("a.png"), {**rec, "pixel_shuffle": 2})])
+    assert used.endswith("try `indeed adapt a.png --mode oag -o DIR`")
+    flagged = {**rec, "ood": True, "ood_score": 3.0, "ood_threshold": 1.0}
+    assert ood_warning([Outcome(Path("a.png"), flagged)]).endswith(
+        "rerun with --auto-adapt, --pixel-shuffle 2 or `indeed adapt a.png --mode oag -o DIR`"
+    )

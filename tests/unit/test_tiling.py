@@ -183,3 +183,31 @@ def test_whole_image_read_out_of_a_larger_image():
         np.testing.assert_array_equal(decompose(ck, img, opts).maps["S"], dt.maps["S"])
     finally:
         D.WHOLE_IMAGE_PIXELS = old
+
+
+def test_pixel_shuffle_read_out_denoises_each_phase_and_puts_it_back():
+    from indeed_cli.inference import MAX_PIXEL_SHUFFLE, denoise_with_stats, n_tiles
+    from indeed_cli.model import Checkpoint
+
+    m = tiny_model(3)
+    ck = Checkpoint(m, m.cfg)
+    x = np.random.default_rng(1).random((3, 37, 30)).astype(np.float32)  # odd height: phases of 19 and 18 rows
+    out = denoise(ck, x, pixel_shuffle=2, clip=False)
+    for i in range(2):
+        for j in range(2):  # each phase is the plain read-out of that sub-image, in its own pixels
+            sub = denoise(ck, np.ascontiguousarray(x[:, i::2, j::2]), clip=False)
+            np.testing.assert_array_equal(out[:, i::2, j::2], sub)
+    assert not np.allclose(out, denoise(ck, x, clip=False), atol=1e-4)  # a different read-out
+    np.testing.assert_array_equal(denoise(ck, x, pixel_shuffle=1), denoise(ck, x))
+    # with statistics: the output is the shuffled read-out, the OOD terms those of the whole image
+    got, stats = denoise_with_stats(ck, x, pixel_shuffle=3)
+    _, whole = denoise_with_stats(ck, x)
+    np.testing.assert_array_equal(got, denoise(ck, x, pixel_shuffle=3, clip=False))
+    assert stats.keys() == whole.keys() and all(np.array_equal(stats[k], whole[k]) for k in stats)
+    ticks = []
+    denoise_with_stats(ck, x, InferenceOptions(tile=16, overlap=4), progress=ticks.append, pixel_shuffle=2)
+    assert sum(ticks) == n_tiles(37, 30, InferenceOptions(tile=16, overlap=4), 2)  # the progress bar's total
+    with pytest.raises(ValueError, match="too small"):
+        denoise(ck, x[:, :5, :5], pixel_shuffle=3)
+    with pytest.raises(ValueError, match="1 to"):
+        denoise(ck, x, pixel_shuffle=MAX_PIXEL_SHUFFLE + 1)
