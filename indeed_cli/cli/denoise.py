@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from ..inference import MAX_PIXEL_SHUFFLE
 from ..io import JPEG_QUALITY, is_stdio
 from ..model.registry import BUNDLED_CAMERA
 from ..pipelines import Outcome, denoise_folder
@@ -45,17 +44,17 @@ def denoise_cmd(
         int, typer.Option("--quality", metavar="1-100", min=1, max=100, help="JPEG and WebP quality of -o FILE.jpg.")
     ] = JPEG_QUALITY,
     pixel_shuffle: Annotated[
-        int,
+        str,
         typer.Option(
             "--pixel-shuffle",
-            metavar="1-4",
-            min=1,
-            max=MAX_PIXEL_SHUFFLE,
-            help="Denoise the N x N pixel-shuffled sub-images one by one (N = 2: every second pixel): for real "
-            "camera noise, which is correlated between neighbouring pixels and left in place otherwise. "
-            "Loses fine detail on clean or Gaussian-noise images (docs/guide/denoise.md).",
+            metavar="N|auto",
+            help="Denoise the N x N pixel-shuffled sub-images one by one (N = 2: every second pixel), keeping "
+            "the plain result where the two disagree strongly: for real camera noise, which is correlated "
+            "between neighbouring pixels and left in place otherwise. auto: N = 2 on images whose removed "
+            "noise is correlated, plain elsewhere. 1 (default): plain. N > 1 loses fine detail on clean or "
+            "Gaussian-noise images (docs/guide/denoise.md).",
         ),
-    ] = 1,
+    ] = "1",
     run: RunOptions = RunOptions(),
 ) -> None:
     """Denoise images with the InDeed posterior mean L + S (--json adds the OOD score)."""

@@ -10,7 +10,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..inference import MAX_PIXEL_SHUFFLE
 from ..pipelines import evaluate_denoise, evaluate_detect
 from .options import INFERENCE, RunOptions, shared_options
 from .runner import CLIError, emit_json
@@ -61,15 +60,13 @@ def evaluate_cmd(
         ),
     ] = "awgn",
     pixel_shuffle: Annotated[
-        int,
+        str,
         typer.Option(
             "--pixel-shuffle",
-            metavar="1-4",
-            min=1,
-            max=MAX_PIXEL_SHUFFLE,
-            help="denoise: score the read-out of `indeed denoise --pixel-shuffle N`.",
+            metavar="N|auto",
+            help="denoise: score the read-out of `indeed denoise --pixel-shuffle N|auto`.",
         ),
-    ] = 1,
+    ] = "1",
     run: RunOptions = RunOptions(),
 ) -> None:
     """Score denoising (PSNR/SSIM) or anomaly detection (AUROC/AP), as a table or JSON lines."""

@@ -292,35 +292,116 @@ def _run_whole(
         return maps, grids
 
 
-def n_tiles(h: int, w: int, opts: InferenceOptions, pixel_shuffle: int = 1) -> int:
-    """Tiles one inference of an h x w image runs (for progress bars); with ``pixel_shuffle`` s > 1,
-    those of :func:`denoise_with_stats`: the whole image (its statistics) and its s x s sub-images."""
-    if pixel_shuffle == 1:
-        return len(TileGrid(h, w, opts.tile, opts.overlap))
-    s = pixel_shuffle
+def n_tiles(h: int, w: int, opts: InferenceOptions, pixel_shuffle: int | str = 1) -> int:
+    """Tiles one inference of an h x w image runs (for progress bars); with a pixel shuffle (s > 1
+    or "auto", counted as 2), those of the plain read-out and of the s x s sub-images."""
+    s = 2 if pixel_shuffle == "auto" else int(pixel_shuffle)
+    whole = len(TileGrid(h, w, opts.tile, opts.overlap))
+    if s == 1:
+        return whole
     sizes = [(-(-(h - i) // s), -(-(w - j) // s)) for i in range(s) for j in range(s)]  # ceil((h - i) / s)
-    sub = sum(len(TileGrid(a, b, opts.tile, opts.overlap)) for a, b in sizes)
-    return len(TileGrid(h, w, opts.tile, opts.overlap)) + sub
+    return whole + sum(len(TileGrid(a, b, opts.tile, opts.overlap)) for a, b in sizes)
 
 
 MAX_PIXEL_SHUFFLE = 4
+# The pixel-shuffle read-out keeps the plain one where the two disagree by more than GUARD_FACTOR times
+# their median local disagreement (mean squared difference over GUARD_WINDOW x GUARD_WINDOW pixels):
+# there the sub-images have aliased fine structure.  Chosen on development crops (window 9 or 17,
+# factor 2, 4 or 8); held out: light camera noise +0.25 dB over the unguarded read-out, clean images
+# +1.5, heavy -0.01 (docs/reports/2026-11-27-pixel-shuffle.md, section 6).
+GUARD_WINDOW = 9
+GUARD_FACTOR = 4.0
+# "auto": the pixel shuffle (s = 2) runs where the noise the plain read-out removed has a lag-1
+# correlation above this: Gaussian noise gave -0.06 to 0.00, heavy camera noise 0.13 to 0.38 (same report)
+AUTO_CORRELATION = 0.15
+
+
+@dataclass
+class ShuffledReadout:
+    """What :func:`pixel_shuffle_denoise` returns: L + S (not clipped), the stride it used (1: the
+    plain read-out, kept by "auto"), and the lag-1 correlation of the noise the plain read-out removed
+    (computed for "auto", else None)."""
+
+    image: np.ndarray
+    stride: int
+    noise_correlation: float | None = None
+
+
+def check_pixel_shuffle(value) -> int | str:
+    """``value`` as a pixel-shuffle setting (1 to MAX_PIXEL_SHUFFLE, or "auto"); ValueError otherwise."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        stride = int(value)
+    except (TypeError, ValueError):
+        stride = 0
+    if not 1 <= stride <= MAX_PIXEL_SHUFFLE or str(value).strip() not in (str(stride), f"{stride}.0"):
+        raise ValueError(f"pixel shuffle must be 1 to {MAX_PIXEL_SHUFFLE} or auto, got {value!r}")
+    return stride
+
+
+def removed_noise_correlation(noisy: np.ndarray, plain: np.ndarray) -> float:
+    """Lag-1 correlation coefficient of Y - (L + S), along rows and columns pooled: about 0 for
+    Gaussian noise, positive for demosaiced camera noise (and for image structure a read-out removes)."""
+    n = noisy.astype(np.float64) - plain
+    n -= n.mean(axis=(1, 2), keepdims=True)
+    num = (n[:, :, 1:] * n[:, :, :-1]).sum() + (n[:, 1:] * n[:, :-1]).sum()
+    den = np.sqrt((n[:, :, 1:] ** 2).sum() * (n[:, :, :-1] ** 2).sum()) + np.sqrt(
+        (n[:, 1:] ** 2).sum() * (n[:, :-1] ** 2).sum()
+    )
+    return float(num / den) if den > 0 else 0.0
+
+
+def _local_mean(x: np.ndarray, window: int) -> np.ndarray:
+    """Mean over window x window neighbourhoods of a (h, w) array, reflect-padded (replicated where
+    the image is smaller than the window)."""
+    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None, None]
+    pad = window // 2
+    mode = "reflect" if min(x.shape) > pad else "replicate"
+    return F.avg_pool2d(F.pad(t, (pad,) * 4, mode=mode), window, 1)[0, 0].numpy()
+
+
+def pixel_shuffle_guard(plain: np.ndarray, shuffled: np.ndarray) -> np.ndarray:
+    """The shuffled read-out where it agrees with the plain one, the plain one where they disagree by
+    more than GUARD_FACTOR x the image's median local disagreement, blended over GUARD_WINDOW pixels."""
+    disagreement = _local_mean(np.square(plain - shuffled).mean(0), GUARD_WINDOW)
+    keep = (disagreement <= GUARD_FACTOR * np.median(disagreement)).astype(np.float32)
+    weight = _local_mean(keep, GUARD_WINDOW)[None]
+    return weight * shuffled + (1.0 - weight) * plain
 
 
 def pixel_shuffle_denoise(
-    ckpt: Checkpoint, data: np.ndarray, stride: int, opts: InferenceOptions, progress=None
-) -> np.ndarray:
-    """L + S read out on the stride x stride pixel-shuffled sub-images of ``data`` (C, h, w), each
-    denoised on its own and put back in place (not clipped); docs/model.md, "Pixel-shuffle read-out".
+    ckpt: Checkpoint,
+    image,
+    stride: int | str = 2,
+    opts: InferenceOptions | None = None,
+    progress=None,
+    plain: np.ndarray | None = None,
+) -> ShuffledReadout:
+    """L + S read out on the stride x stride pixel-shuffled sub-images of ``image``, each denoised on its
+    own and put back in place, then guarded by the plain read-out (:func:`pixel_shuffle_guard`);
+    docs/model.md, "Pixel-shuffle read-out".  ``stride`` "auto": 2 where the noise the plain read-out
+    removed is correlated (above AUTO_CORRELATION), else the plain read-out.  ``plain``: the plain
+    read-out of ``image`` if already computed (not clipped).
 
     Real camera noise is correlated between neighbouring pixels (demosaicing spreads each sensor
     pixel's noise over its neighbours), which the model's white noise N does not describe, so it
     reads much of that noise as signal; in a sub-image of every second pixel (one Bayer phase) the
     noise is close to white again.  The price is fine detail: structure near the pixel pitch aliases
-    in the sub-images."""
-    if not 1 <= stride <= MAX_PIXEL_SHUFFLE:
-        raise ValueError(f"pixel shuffle must be 1 to {MAX_PIXEL_SHUFFLE}, got {stride}")
+    in the sub-images, which the guard gives back to the plain read-out."""
+    stride = check_pixel_shuffle(stride)
+    data, _ = as_image(image)
+    opts = opts or InferenceOptions()
+    if plain is None:
+        plain = _run(ckpt, data, "denoise", opts, progress)[0]["X"].numpy()
+    correlation = None
+    if stride == "auto":
+        correlation = removed_noise_correlation(data, plain)
+        stride = 2 if correlation > AUTO_CORRELATION and min(data.shape[1:]) >= 4 else 1
+        if stride == 1 and progress is not None:  # the sub-images' share of the progress bar
+            progress(n_tiles(*data.shape[1:], opts, 2) - n_tiles(*data.shape[1:], opts))
     if stride == 1:
-        return _run(ckpt, data, "denoise", opts, progress)[0]["X"].numpy()
+        return ShuffledReadout(plain, 1, correlation)
     if min(data.shape[1:]) < 2 * stride:
         raise ValueError(f"an image of {data.shape[1]}x{data.shape[2]} is too small for a pixel shuffle of {stride}")
     out = np.empty_like(data)
@@ -328,7 +409,7 @@ def pixel_shuffle_denoise(
         for j in range(stride):
             sub = np.ascontiguousarray(data[:, i::stride, j::stride])
             out[:, i::stride, j::stride] = _run(ckpt, sub, "denoise", opts, progress)[0]["X"].numpy()
-    return out
+    return ShuffledReadout(pixel_shuffle_guard(plain, out), stride, correlation)
 
 
 def denoise(
@@ -337,30 +418,30 @@ def denoise(
     opts: InferenceOptions | None = None,
     progress=None,
     clip: bool = True,
-    pixel_shuffle: int = 1,
+    pixel_shuffle: int | str = 1,
 ) -> np.ndarray:
     """Denoised image L + S (posterior means), float32 (C, h, w), clipped to [0, 1] unless ``clip``
     is False (a posterior mean may leave [0, 1] slightly near black and white).
 
-    ``pixel_shuffle`` s > 1: read out on the s x s pixel-shuffled sub-images
-    (:func:`pixel_shuffle_denoise`), for real camera noise; it costs detail on other images."""
+    ``pixel_shuffle`` s > 1 or "auto": the read-out of :func:`pixel_shuffle_denoise`, for real camera
+    noise; s > 1 costs detail on other images."""
     data, _ = as_image(image)
-    out = pixel_shuffle_denoise(ckpt, data, pixel_shuffle, opts or InferenceOptions(), progress)
+    opts = opts or InferenceOptions()
+    if check_pixel_shuffle(pixel_shuffle) == 1:
+        out = _run(ckpt, data, "denoise", opts, progress)[0]["X"].numpy()
+    else:
+        out = pixel_shuffle_denoise(ckpt, data, pixel_shuffle, opts, progress).image
     return np.clip(out, 0.0, 1.0, out=out) if clip else out
 
 
 def denoise_with_stats(
-    ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None, pixel_shuffle: int = 1
+    ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """L + S (not clipped) and the per-tile ELBO terms ``l_rank`` and ``l_sparse`` (tiles_y, tiles_x),
-    the features of the OOD score, for little more than :func:`denoise` costs.  With ``pixel_shuffle``
-    s > 1 the terms still come from the whole image (the OOD statistics were learned on whole
-    images), at the cost of one more read-out."""
+    the features of the OOD score, for little more than :func:`denoise` costs."""
     data, _ = as_image(image)
-    opts = opts or InferenceOptions()
-    maps, grids = _run(ckpt, data, "denoise+stats", opts, progress)
-    out = maps["X"].numpy() if pixel_shuffle == 1 else pixel_shuffle_denoise(ckpt, data, pixel_shuffle, opts, progress)
-    return out, {k: v.numpy() for k, v in grids.items()}
+    maps, grids = _run(ckpt, data, "denoise+stats", opts or InferenceOptions(), progress)
+    return maps["X"].numpy(), {k: v.numpy() for k, v in grids.items()}
 
 
 def sparse_mean(ckpt: Checkpoint, image, opts: InferenceOptions | None = None, progress=None) -> np.ndarray:

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inference import MAX_PIXEL_SHUFFLE, InferenceOptions, denoise, denoise_with_stats, n_tiles
+from ..inference import (
+    InferenceOptions,
+    check_pixel_shuffle,
+    denoise,
+    denoise_with_stats,
+    n_tiles,
+    pixel_shuffle_denoise,
+)
 from ..io import JPEG_QUALITY, ImageError, check_output_format, write_image
 from ..model import Checkpoint, CheckpointError
 from ..tasks.adaptation import AdaptConfig, adapt_images, default_group
@@ -39,7 +46,7 @@ def denoise_folder(
     on_outcome: Callable[[Outcome], None] | None = None,
     progress: Progress | None = None,
     shard: tuple[int, int] | None = None,
-    pixel_shuffle: int = 1,
+    pixel_shuffle: int | str = 1,
 ) -> list[Outcome]:
     """Denoise ``inputs`` (files, folders, globs, ``-``) into ``output``: a file for one input (its
     suffix says the format; ``quality`` for JPEG and WebP), else a folder of ``<name>.png`` (with
@@ -52,11 +59,14 @@ def denoise_folder(
     :class:`~indeed_cli.model.CheckpointError`; an image that cannot be read or written is a failed
     Outcome and the others go on.  ``shard`` (K, N): only every N-th input from the K-th, for one of
     N processes that share the work (their outputs together are those of one run).
-    ``pixel_shuffle`` s > 1 reads each image out on its s x s pixel-shuffled sub-images
-    (:func:`~indeed_cli.inference.denoise`): for real camera noise, at a cost in fine detail.
+    ``pixel_shuffle`` s > 1 reads each image out on its s x s pixel-shuffled sub-images, "auto" where
+    the noise looks correlated (:func:`~indeed_cli.inference.pixel_shuffle_denoise`): for real camera
+    noise; s > 1 costs fine detail on other images.  The records say which read-out each image got.
     """
-    if not 1 <= pixel_shuffle <= MAX_PIXEL_SHUFFLE:
-        raise UsageError(f"--pixel-shuffle must be 1 to {MAX_PIXEL_SHUFFLE}, got {pixel_shuffle}")
+    try:
+        pixel_shuffle = check_pixel_shuffle(pixel_shuffle)
+    except ValueError as e:
+        raise UsageError(f"--pixel-shuffle: {e}") from None
     opts = options or InferenceOptions()
     progress = progress or Progress()
     every = expand_inputs(inputs, recursive)
@@ -87,7 +97,7 @@ def _steps(
     ood_threshold: float | None,
     quality: int,
     progress: Progress,
-    pixel_shuffle: int = 1,
+    pixel_shuffle: int | str = 1,
 ) -> Iterator[Product | Outcome]:
     pending: list[dict] = []  # flagged images waiting for one batched OAG
 
@@ -103,7 +113,8 @@ def _steps(
             "seconds": round(item["seconds"], 3),
             "weights": item["ckpt"].source,
             "change_rms": change_rms(img.data, out),
-            "pixel_shuffle": pixel_shuffle,
+            "pixel_shuffle": item["stride"],
+            **({"noise_correlation": item["correlation"]} if pixel_shuffle == "auto" else {}),
             **item["ood"],
             "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop},
         }
@@ -127,7 +138,7 @@ def _steps(
         share = (time.perf_counter() - t0) / len(pending)
         for item, res in zip(pending, results):
             t1 = time.perf_counter()
-            out = denoise(res.checkpoint, item["img"], opts, clip=False, pixel_shuffle=pixel_shuffle)
+            out = denoise(res.checkpoint, item["img"], opts, clip=False, pixel_shuffle=item["stride"])
             item["seconds"] += share + time.perf_counter() - t1
             yield product(item, out, res)
         pending.clear()
@@ -137,7 +148,7 @@ def _steps(
             if isinstance(img, ImageError):
                 raise img
             check_output_format(dst, img)
-            if min(img.size) < 2 * pixel_shuffle:
+            if pixel_shuffle != "auto" and min(img.size) < 2 * pixel_shuffle:
                 raise ImageError(f"{src}: {img.size[0]}x{img.size[1]} is too small for --pixel-shuffle {pixel_shuffle}")
         except ImageError as e:
             yield Outcome(src, {"image": str(src)}, e)
@@ -155,13 +166,21 @@ def _steps(
         tiles = n_tiles(*img.size, opts, pixel_shuffle)
         note_large_image(progress, src.name, *img.size, img.channels, tiles)
         with progress.tiles(src.name, tiles) as advance:
-            out, tile_stats = denoise_with_stats(ckpt, img, opts, progress=advance, pixel_shuffle=pixel_shuffle)
+            out, tile_stats = denoise_with_stats(ckpt, img, opts, progress=advance)
+            shuffled = None
+            if pixel_shuffle != 1:
+                shuffled = pixel_shuffle_denoise(ckpt, img, pixel_shuffle, opts, advance, plain=out)
+                out = shuffled.image
         item = {
             "src": src,
             "dst": dst,
             "img": img,
             "ckpt": ckpt,
             "ood": ood_report(ood_features(tile_stats), stats),
+            "stride": shuffled.stride if shuffled else 1,
+            "correlation": None
+            if shuffled is None or shuffled.noise_correlation is None
+            else round(shuffled.noise_correlation, 4),
             "seconds": time.perf_counter() - t0,
         }
         if auto_adapt and item["ood"]["ood"]:

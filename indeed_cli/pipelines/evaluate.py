@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inference import MAX_PIXEL_SHUFFLE, InferenceOptions, denoise
+from ..inference import InferenceOptions, check_pixel_shuffle, denoise
 from ..io import ImageError, load_mask, read_image
 from ..metrics import add_awgn, detection_metrics, image_seed, psnr, ssim
 from ..model import Checkpoint
@@ -49,7 +49,7 @@ def evaluate_denoise(
     device: str = "auto",
     options: InferenceOptions | None = None,
     on_row: Row | None = None,
-    pixel_shuffle: int = 1,
+    pixel_shuffle: int | str = 1,
 ) -> list[dict]:
     """PSNR/SSIM of :func:`~indeed_cli.denoise` per image, then one summary row per sigma.
 
@@ -61,8 +61,10 @@ def evaluate_denoise(
     An unreadable image raises ImageError: a score over fewer images would mislead.
     ``pixel_shuffle``: the read-out of :func:`~indeed_cli.denoise` (``indeed denoise --pixel-shuffle``).
     """
-    if not 1 <= pixel_shuffle <= MAX_PIXEL_SHUFFLE:
-        raise UsageError(f"--pixel-shuffle must be 1 to {MAX_PIXEL_SHUFFLE}, got {pixel_shuffle}")
+    try:
+        pixel_shuffle = check_pixel_shuffle(pixel_shuffle)
+    except ValueError as e:
+        raise UsageError(f"--pixel-shuffle: {e}") from None
     opts = options or InferenceOptions()
     models = ModelCache(weights, device)
     if noisy is not None:

@@ -105,7 +105,7 @@ def test_adapt_benchmark(tmp_path, rng, ckpt_paths):
         "--data",
         tmp_path,
         "--methods",
-        "none,oag,none+ps2",
+        "none,oag,none+ps2,none+psauto",
         "--weights",
         ckpt_paths[3],
         "--device",
@@ -113,7 +113,7 @@ def test_adapt_benchmark(tmp_path, rng, ckpt_paths):
         "--steps",
         "2",
     )
-    assert "| oag |" in out and "| none+ps2 |" in out
+    assert "| oag |" in out and "| none+ps2 |" in out and "| none+psauto |" in out
 
 
 def test_detect_benchmark(tmp_path, rng):

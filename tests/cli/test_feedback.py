@@ -334,7 +334,12 @@ def test_pixel_shuffle_read_out_from_the_command_line(run_cli, folder, tmp_path,
     want = denoise(load_checkpoint(ckpt_paths[3]), folder / "a.png", pixel_shuffle=2).transpose(1, 2, 0)
     assert np.abs(got - want).max() <= 0.5 / 255 + 1e-6  # the shuffled read-out, rounded to 8 bits
     code, _, err = run_cli("denoise", folder, "-o", tmp_path / "bad", "-w", ckpt_paths[3], "--pixel-shuffle", "5")
-    assert code == 2 and not (tmp_path / "bad").exists()
+    assert code == 2 and "--pixel-shuffle" in err and not (tmp_path / "bad").exists()
+    code, out, err = run_cli("denoise", folder, "-o", tmp_path / "auto", "-w", ckpt_paths[3], "--pixel-shuffle",
+                             "auto", "--json")  # fmt: skip
+    assert code == 0, err
+    for r in map(json.loads, out.splitlines()):  # which read-out each image got, and what decided it
+        assert r["pixel_shuffle"] == (2 if r["noise_correlation"] > 0.15 else 1)
     tiny = tmp_path / "tiny"
     tiny.mkdir()
     write_png(tiny / "t.png", np.zeros((3, 40, 3), dtype=np.uint8))

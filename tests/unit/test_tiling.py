@@ -185,29 +185,65 @@ def test_whole_image_read_out_of_a_larger_image():
         D.WHOLE_IMAGE_PIXELS = old
 
 
-def test_pixel_shuffle_read_out_denoises_each_phase_and_puts_it_back():
-    from indeed_cli.inference import MAX_PIXEL_SHUFFLE, denoise_with_stats, n_tiles
+def test_pixel_shuffle_read_out_denoises_each_phase_and_puts_it_back(monkeypatch):
+    from indeed_cli.inference import MAX_PIXEL_SHUFFLE, n_tiles, pixel_shuffle_denoise
+    from indeed_cli.inference import decomposition as D
     from indeed_cli.model import Checkpoint
 
     m = tiny_model(3)
     ck = Checkpoint(m, m.cfg)
     x = np.random.default_rng(1).random((3, 37, 30)).astype(np.float32)  # odd height: phases of 19 and 18 rows
-    out = denoise(ck, x, pixel_shuffle=2, clip=False)
+    plain = denoise(ck, x, clip=False)
+    phases = np.empty_like(x)
     for i in range(2):
-        for j in range(2):  # each phase is the plain read-out of that sub-image, in its own pixels
-            sub = denoise(ck, np.ascontiguousarray(x[:, i::2, j::2]), clip=False)
-            np.testing.assert_array_equal(out[:, i::2, j::2], sub)
-    assert not np.allclose(out, denoise(ck, x, clip=False), atol=1e-4)  # a different read-out
+        for j in range(2):  # each phase: the plain read-out of that sub-image, in its own pixels
+            phases[:, i::2, j::2] = denoise(ck, np.ascontiguousarray(x[:, i::2, j::2]), clip=False)
+    got = pixel_shuffle_denoise(ck, x, 2)
+    assert got.stride == 2 and got.noise_correlation is None
+    np.testing.assert_allclose(got.image, D.pixel_shuffle_guard(plain, phases), atol=1e-6)
+    np.testing.assert_array_equal(denoise(ck, x, pixel_shuffle=2, clip=False), got.image)
     np.testing.assert_array_equal(denoise(ck, x, pixel_shuffle=1), denoise(ck, x))
-    # with statistics: the output is the shuffled read-out, the OOD terms those of the whole image
-    got, stats = denoise_with_stats(ck, x, pixel_shuffle=3)
-    _, whole = denoise_with_stats(ck, x)
-    np.testing.assert_array_equal(got, denoise(ck, x, pixel_shuffle=3, clip=False))
-    assert stats.keys() == whole.keys() and all(np.array_equal(stats[k], whole[k]) for k in stats)
+    # "auto" reads the correlation of the removed noise: above the threshold it shuffles, else plain
+    monkeypatch.setattr(D, "AUTO_CORRELATION", 1.5)
+    kept = pixel_shuffle_denoise(ck, x, "auto")
+    assert kept.stride == 1 and kept.noise_correlation == D.removed_noise_correlation(x, plain)
+    np.testing.assert_array_equal(kept.image, plain)
     ticks = []
-    denoise_with_stats(ck, x, InferenceOptions(tile=16, overlap=4), progress=ticks.append, pixel_shuffle=2)
-    assert sum(ticks) == n_tiles(37, 30, InferenceOptions(tile=16, overlap=4), 2)  # the progress bar's total
+    opts = InferenceOptions(tile=16, overlap=4)
+    pixel_shuffle_denoise(ck, x, "auto", opts, progress=ticks.append)
+    assert sum(ticks) == n_tiles(37, 30, opts, "auto")  # the bar completes when the sub-images are skipped
+    monkeypatch.setattr(D, "AUTO_CORRELATION", -1.5)
+    np.testing.assert_array_equal(pixel_shuffle_denoise(ck, x, "auto").image, got.image)
+    ticks.clear()
+    pixel_shuffle_denoise(ck, x, 3, opts, progress=ticks.append)
+    assert sum(ticks) == n_tiles(37, 30, opts, 3)  # the progress bar's total
     with pytest.raises(ValueError, match="too small"):
         denoise(ck, x[:, :5, :5], pixel_shuffle=3)
-    with pytest.raises(ValueError, match="1 to"):
-        denoise(ck, x, pixel_shuffle=MAX_PIXEL_SHUFFLE + 1)
+    for bad in (MAX_PIXEL_SHUFFLE + 1, 0, "2.5", "two"):
+        with pytest.raises(ValueError, match="1 to"):
+            denoise(ck, x, pixel_shuffle=bad)
+
+
+def test_pixel_shuffle_guard_keeps_the_plain_read_out_where_the_two_disagree():
+    from indeed_cli.inference.decomposition import GUARD_WINDOW, pixel_shuffle_guard
+
+    rng = np.random.default_rng(0)
+    plain = rng.random((3, 60, 60)).astype(np.float32)
+    shuffled = plain + 0.01 * rng.standard_normal(plain.shape).astype(np.float32)  # agrees everywhere
+    np.testing.assert_allclose(pixel_shuffle_guard(plain, shuffled), shuffled, atol=1e-6)
+    shuffled[:, 20:40, 20:40] += 0.5  # an aliased patch: far more than the median disagreement
+    out = pixel_shuffle_guard(plain, shuffled)
+    inner = slice(20 + GUARD_WINDOW, 40 - GUARD_WINDOW)
+    np.testing.assert_allclose(out[:, inner, inner], plain[:, inner, inner], atol=1e-6)
+    np.testing.assert_allclose(out[:, :5, :5], shuffled[:, :5, :5], atol=1e-6)
+
+
+def test_removed_noise_correlation_tells_white_from_demosaiced_noise():
+    from indeed_cli.inference.decomposition import removed_noise_correlation
+
+    rng = np.random.default_rng(0)
+    white = rng.standard_normal((3, 200, 200))
+    assert abs(removed_noise_correlation(white, np.zeros_like(white))) < 0.02
+    # a 2x2 box over white noise: neighbours share half their terms, lag-1 correlation 1/2 both ways
+    boxed = (white[:, 1:, 1:] + white[:, :-1, 1:] + white[:, 1:, :-1] + white[:, :-1, :-1]) / 4
+    assert abs(removed_noise_correlation(boxed, np.zeros_like(boxed)) - 0.5) < 0.03
