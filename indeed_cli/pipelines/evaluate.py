@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inference import InferenceOptions, check_pixel_shuffle, denoise
+from ..inference import InferenceOptions, check_pixel_shuffle, pixel_shuffle_denoise
 from ..io import ImageError, load_mask, read_image
 from ..metrics import add_awgn, detection_metrics, image_seed, psnr, ssim
 from ..model import Checkpoint
@@ -99,7 +99,8 @@ def evaluate_denoise(
                 raise ImageError(f"{noisy_path}: size {y.shape} differs from its reference {ref.data.shape}")
         ckpt = models.get(ref.channels)
         t0 = time.perf_counter()
-        out = denoise(ckpt, y, opts, pixel_shuffle=pixel_shuffle)
+        read = pixel_shuffle_denoise(ckpt, y, pixel_shuffle, opts)  # stride 1: the plain read-out
+        out = np.clip(read.image, 0.0, 1.0)
         score = ssim(out, target)
         row = {
             "image": str(noisy_path or clean_path),
@@ -109,6 +110,7 @@ def evaluate_denoise(
             "psnr": round(psnr(out, target), 3),
             "ssim": None if score is None else round(score, 4),
             "seconds": round(time.perf_counter() - t0, 3),
+            **({"pixel_shuffle": read.stride} if pixel_shuffle != 1 else {}),
         }
         rows.append(row)
         if on_row:

@@ -85,6 +85,7 @@ def test_evaluate_scores_the_pixel_shuffle_read_out(run_cli, clean, ckpt_paths):
     shuffled = [json.loads(line) for line in out.splitlines()]
     assert [r["psnr_in"] for r in shuffled] == [r["psnr_in"] for r in plain]  # the same noisy inputs
     assert [r["psnr"] for r in shuffled[:2]] != [r["psnr"] for r in plain[:2]]  # another read-out
+    assert all(r["pixel_shuffle"] == 2 for r in shuffled[:2]) and "pixel_shuffle" not in plain[0]
     code, _, err = run_cli(*args, "--pixel-shuffle", "0")
     assert code == 2 and "--pixel-shuffle" in err
     assert run_cli(*args, "--pixel-shuffle", "auto")[0] == 0
