@@ -392,6 +392,8 @@ def pixel_shuffle_denoise(
     stride = check_pixel_shuffle(stride)
     data, _ = as_image(image)
     opts = opts or InferenceOptions()
+    if stride not in (1, "auto") and min(data.shape[1:]) < 2 * stride:
+        raise ValueError(f"an image of {data.shape[1]}x{data.shape[2]} is too small for a pixel shuffle of {stride}")
     if plain is None:
         plain = _run(ckpt, data, "denoise", opts, progress)[0]["X"].numpy()
     correlation = None
@@ -402,8 +404,6 @@ def pixel_shuffle_denoise(
             progress(n_tiles(*data.shape[1:], opts, 2) - n_tiles(*data.shape[1:], opts))
     if stride == 1:
         return ShuffledReadout(plain, 1, correlation)
-    if min(data.shape[1:]) < 2 * stride:
-        raise ValueError(f"an image of {data.shape[1]}x{data.shape[2]} is too small for a pixel shuffle of {stride}")
     out = np.empty_like(data)
     for i in range(stride):
         for j in range(stride):
@@ -425,12 +425,7 @@ def denoise(
 
     ``pixel_shuffle`` s > 1 or "auto": the read-out of :func:`pixel_shuffle_denoise`, for real camera
     noise; s > 1 costs detail on other images."""
-    data, _ = as_image(image)
-    opts = opts or InferenceOptions()
-    if check_pixel_shuffle(pixel_shuffle) == 1:
-        out = _run(ckpt, data, "denoise", opts, progress)[0]["X"].numpy()
-    else:
-        out = pixel_shuffle_denoise(ckpt, data, pixel_shuffle, opts, progress).image
+    out = pixel_shuffle_denoise(ckpt, image, pixel_shuffle, opts, progress).image  # 1: the plain read-out
     return np.clip(out, 0.0, 1.0, out=out) if clip else out
 
 

@@ -16,7 +16,6 @@ import numpy as np
 
 from ..inference import (
     InferenceOptions,
-    check_pixel_shuffle,
     denoise,
     denoise_with_stats,
     n_tiles,
@@ -26,7 +25,7 @@ from ..io import JPEG_QUALITY, ImageError, check_output_format, write_image
 from ..model import Checkpoint, CheckpointError
 from ..tasks.adaptation import AdaptConfig, adapt_images, default_group
 from ..tasks.ood import ood_features, ood_report
-from .inputs import UsageError, expand_inputs, input_names, plan_outputs
+from .inputs import expand_inputs, input_names, pixel_shuffle_setting, plan_outputs
 from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
 
 
@@ -63,10 +62,7 @@ def denoise_folder(
     the noise looks correlated (:func:`~indeed_cli.inference.pixel_shuffle_denoise`): for real camera
     noise; s > 1 costs fine detail on other images.  The records say which read-out each image got.
     """
-    try:
-        pixel_shuffle = check_pixel_shuffle(pixel_shuffle)
-    except ValueError as e:
-        raise UsageError(f"--pixel-shuffle: {e}") from None
+    pixel_shuffle = pixel_shuffle_setting(pixel_shuffle)
     opts = options or InferenceOptions()
     progress = progress or Progress()
     every = expand_inputs(inputs, recursive)

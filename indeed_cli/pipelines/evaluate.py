@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inference import InferenceOptions, check_pixel_shuffle, pixel_shuffle_denoise
+from ..inference import InferenceOptions, pixel_shuffle_denoise
 from ..io import ImageError, load_mask, read_image
 from ..metrics import add_awgn, detection_metrics, image_seed, psnr, ssim
 from ..model import Checkpoint
 from ..tasks.camera_noise import camera_pair, parse_noise
 from ..tasks.detection import detect, stored_threshold
-from .inputs import UsageError, expand_inputs
+from .inputs import UsageError, expand_inputs, pixel_shuffle_setting
 from .runner import ModelCache
 
 Row = Callable[[dict], None]
@@ -61,10 +61,7 @@ def evaluate_denoise(
     An unreadable image raises ImageError: a score over fewer images would mislead.
     ``pixel_shuffle``: the read-out of :func:`~indeed_cli.denoise` (``indeed denoise --pixel-shuffle``).
     """
-    try:
-        pixel_shuffle = check_pixel_shuffle(pixel_shuffle)
-    except ValueError as e:
-        raise UsageError(f"--pixel-shuffle: {e}") from None
+    pixel_shuffle = pixel_shuffle_setting(pixel_shuffle)
     opts = options or InferenceOptions()
     models = ModelCache(weights, device)
     if noisy is not None:

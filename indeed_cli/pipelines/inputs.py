@@ -12,11 +12,21 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..inference import check_pixel_shuffle
 from ..io import OUTPUT_SUFFIXES, STDIO, is_image_path, is_stdio
 
 
 class UsageError(ValueError):
     """The request cannot run as given (bad inputs, outputs or settings); nothing was written."""
+
+
+def pixel_shuffle_setting(value) -> int | str:
+    """A ``--pixel-shuffle`` value (1 to MAX_PIXEL_SHUFFLE, or "auto") for the denoising pipelines;
+    UsageError for anything else."""
+    try:
+        return check_pixel_shuffle(value)
+    except ValueError as e:
+        raise UsageError(f"--pixel-shuffle: {e}") from None
 
 
 def stem(path: Path) -> str:

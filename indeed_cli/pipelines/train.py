@@ -86,18 +86,16 @@ def train(
     if init:
         init = str(resolve_weights(init, channels, task))
         cfg = ModelConfig.from_dict(read_metadata(init)["config"])
-        # the one change a fine-tune may make to the network: give a detector f_thetaM (support posterior)
-        support = {k: v for k, v in (model or {}).items() if k in ("support_width", "support_levels") and v}
-        if support and not cfg.support_width:
-            try:
-                cfg = replace(cfg, **support)
-                cfg.validate()
-            except ValueError as e:
-                raise UsageError(str(e)) from None
-        # and the other: q(B) by f_thetaB or by the variational update (same weights either way)
+        # the changes a fine-tune may make to the network: give a detector f_thetaM (support posterior),
+        # and take q(B) from f_thetaB or from the variational update (same weights either way)
+        changes = {k: v for k, v in (model or {}).items() if k in ("support_width", "support_levels") and v}
+        if cfg.support_width:
+            changes = {}
         if (model or {}).get("lowrank_b"):
+            changes["lowrank_b"] = model["lowrank_b"]
+        if changes:
             try:
-                cfg = replace(cfg, lowrank_b=model["lowrank_b"])
+                cfg = replace(cfg, **changes)
                 cfg.validate()
             except ValueError as e:
                 raise UsageError(str(e)) from None
