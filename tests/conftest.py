@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 from PIL import Image
 
 from indeed_cli.model import InDeed, ModelConfig, save_checkpoint
+from indeed_cli.model.features import LITE0_BLOCKS
 
 torch.set_num_threads(1)
 
@@ -82,3 +84,28 @@ def default_sigint() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def package_format_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights under the key names of efficientnet_lite_pytorch's EfficientNet-Lite0."""
+    g = torch.Generator().manual_seed(seed)
+
+    def bn(prefix, c):
+        return {
+            f"{prefix}.weight": 1 + 0.1 * torch.randn(c, generator=g),
+            f"{prefix}.bias": 0.1 * torch.randn(c, generator=g),
+            f"{prefix}.running_mean": 0.1 * torch.randn(c, generator=g),
+            f"{prefix}.running_var": 0.5 + torch.rand(c, generator=g),
+        }
+
+    s = {"_conv_stem.weight": 0.2 * torch.randn(32, 3, 3, 3, generator=g), **bn("_bn0", 32)}
+    for i, (k, _, e, cin, cout) in enumerate(LITE0_BLOCKS):
+        mid, p = cin * e, f"_blocks.{i}"
+        if e != 1:
+            s[f"{p}._expand_conv.weight"] = torch.randn(mid, cin, 1, 1, generator=g) / math.sqrt(cin)
+            s.update(bn(f"{p}._bn0", mid))
+        s[f"{p}._depthwise_conv.weight"] = torch.randn(mid, 1, k, k, generator=g) / k
+        s.update(bn(f"{p}._bn1", mid))
+        s[f"{p}._project_conv.weight"] = torch.randn(cout, mid, 1, 1, generator=g) / math.sqrt(mid)
+        s.update(bn(f"{p}._bn2", cout))
+    return s

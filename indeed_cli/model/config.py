@@ -15,6 +15,7 @@ FORMAT_VERSION = 1
 TASKS = ("denoise", "detect")
 SPARSE_INPUTS = ("residual", "residual+lowrank")
 LOWRANK_B = ("network", "variational")
+SUPPORT_FEATURES = ("", "efficientnet-lite0")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class ModelConfig:
     # f_thetaM (detection): U-Net on (Y, mu_L, mu_S) -> q(support of S); 0 = no such module
     support_width: int = 0
     support_levels: int = 3
+    # f_thetaM may also read frozen ImageNet features of Y, added at its coarsest scale
+    # ("efficientnet-lite0"; docs/model.md, "ImageNet features in the support posterior"); "" = none
+    support_features: str = ""
     priors: Priors = field(default_factory=Priors)
 
     @property
@@ -92,6 +96,10 @@ class ModelConfig:
             raise ValueError("rank must be positive")
         if self.support_width and self.task != "detect":
             raise ValueError("a support module (support_width > 0) belongs to detection models")
+        if self.support_features not in SUPPORT_FEATURES:
+            raise ValueError(f"support_features must be one of {SUPPORT_FEATURES}, got {self.support_features!r}")
+        if self.support_features and not self.support_width:
+            raise ValueError("image features are read by f_thetaM: give the model one (--support-width N)")
         if self.support_width < 0 or self.support_levels < 1:
             raise ValueError("support_width must be >= 0 and support_levels >= 1")
         if self.lowrank_width % self.groups or self.sparse_width % self.groups:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .features import FEATURE_CHANNELS, EfficientNetLite0Trunk
 from .posteriors import low_rank, noise_precision_estimate, variational_B
 
 SIGMA_FLOOR = 1e-4
@@ -130,8 +131,9 @@ class UNet(nn.Module):
         self.dec = nn.ModuleList(nn.Sequential(*[ResBlock(c) for _ in range(blocks)]) for c in widths[:-1])
         self.head = nn.Conv2d(widths[0], out_ch, 3, padding=1)
 
-    def body(self, x: Tensor) -> Tensor:
-        """Full-resolution input (N, in_ch/4, h, w) -> head output (N, out_ch/4, h, w)."""
+    def body(self, x: Tensor, at_coarsest: Tensor | None = None) -> Tensor:
+        """Full-resolution input (N, in_ch/4, h, w) -> head output (N, out_ch/4, h, w).
+        ``at_coarsest`` is added to the features at the coarsest scale, before its blocks."""
         # the input in the weights' precision: bf16 weights (grouped adaptation in bf16, bf16
         # inference) get a bf16 copy of the fp32 input, as autocast would give them; a no-op otherwise
         x = self.stem(F.pixel_unshuffle(x, 2).to(self.stem.weight.dtype))
@@ -140,6 +142,8 @@ class UNet(nn.Module):
             x = enc(x)
             skips.append(x)
             x = down(x)
+        if at_coarsest is not None:
+            x = x + at_coarsest.to(x.dtype)
         x = self.mid(x)
         for i in reversed(range(len(self.up))):
             x = self.dec[i](self.up[i](x) + skips[i])
@@ -175,7 +179,11 @@ class SupportModule(UNet):
     """f_thetaM: (Y, mu_L, mu_S) -> logit of q(z = 1), z = 1{S != 0}: the posterior probability that
     a pixel is in the support of S (docs/model.md, "The support posterior").  Trained with the
     focal loss on the masks of synthetic anomalies (:func:`~indeed_cli.model.posteriors.support_focal_loss`);
-    its inputs are detached, so it never changes L, S or N."""
+    its inputs are detached, so it never changes L, S or N.
+
+    With ``support_features`` it also reads frozen ImageNet features of Y (:mod:`.features`), projected
+    by a 1x1 convolution and added at its coarsest scale; the projection starts at zero, so a detector
+    given features starts as the one it was."""
 
     def __init__(self, cfg: ModelConfig):
         C = cfg.channels
@@ -183,9 +191,29 @@ class SupportModule(UNet):
         with torch.no_grad():  # start at q(z = 1) ~ 0.05: most pixels are normal
             self.head.weight.mul_(0.1)
             self.head.bias.fill_(-3.0)
+        self.features = self.feature_proj = None
+        if cfg.support_features:
+            self.features = EfficientNetLite0Trunk().requires_grad_(False)
+            self.feature_proj = nn.Conv2d(FEATURE_CHANNELS, cfg.support_width * 2 ** (cfg.support_levels - 1), 1)
+            nn.init.zeros_(self.feature_proj.weight)
+            nn.init.zeros_(self.feature_proj.bias)
+
+    def image_features(self, Y: Tensor, size: tuple[int, int]) -> Tensor:
+        """The frozen features of Y (edge-padded to multiples of 16), projected, at ``size``."""
+        h, w = Y.shape[-2:]
+        pad = (0, (-w) % 16, 0, (-h) % 16)
+        with torch.no_grad():
+            f = self.features(F.pad(Y, pad, mode="replicate") if any(pad) else Y)
+            f = f[..., : -(-h // 8), : -(-w // 8)]
+        f = self.feature_proj(f.to(self.feature_proj.weight.dtype))
+        return f if tuple(f.shape[-2:]) == tuple(size) else F.interpolate(f, size=size, mode="bilinear")
 
     def forward(self, Y: Tensor, L: Tensor, S: Tensor) -> Tensor:
-        return self.body(torch.cat([Y, L, S], 1)).float()  # (N, 1, h, w) logits, fp32
+        extra = None
+        if self.features is not None:
+            scale = 2 ** len(self.down) * 2  # the coarsest scale: pixel-unshuffle, then each down
+            extra = self.image_features(Y, (Y.shape[-2] // scale, Y.shape[-1] // scale))
+        return self.body(torch.cat([Y, L, S], 1), extra).float()  # (N, 1, h, w) logits, fp32
 
 
 @dataclass

@@ -44,5 +44,5 @@ def calibrate_checkpoint(
         images = load_images(paths, ck.config.channels)
         key, facts = "ood", calibrate_ood(ck, images, samples, seed, max_seconds, progress)
     facts = {**facts, **(note or {})}
-    save_checkpoint(output, ck.model, ck.training, {**ck.extra, key: facts})
+    save_checkpoint(output, ck.model, ck.training, {**ck.extra, key: facts}, int8_min_weights=ck.int8_min_weights)
     return ck.config.task, key, facts

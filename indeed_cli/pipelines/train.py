@@ -13,6 +13,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..model import CheckpointError, ModelConfig, read_metadata, resolve_weights
+from ..model.checkpoint import read_feature_trunk
 from ..tasks.detection import PRESETS
 from ..tasks.training import (
     detect_batch_fn,
@@ -80,7 +81,10 @@ def train(
             "--task detect needs held-out normal images (--val DIR or --val-count N) to learn its threshold"
         )
     try:
-        cfg = rc.model_config(channels, **(model or {}))
+        # with --init the checkpoint's config is the base (below): features may go to its f_thetaM
+        cfg = rc.model_config(
+            channels, **{k: v for k, v in (model or {}).items() if not (init and k == "support_features")}
+        )
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
     if init:
@@ -93,6 +97,8 @@ def train(
             changes = {}
         if (model or {}).get("lowrank_b"):
             changes["lowrank_b"] = model["lowrank_b"]
+        if (model or {}).get("support_features"):
+            changes["support_features"] = model["support_features"]
         if changes:
             try:
                 cfg = replace(cfg, **changes)
@@ -105,6 +111,9 @@ def train(
                 f"{channels}-channel {task} one"
             )
         tc = rc.train_config(**{**settings, "init": init})
+    # the ImageNet trunk must come from a file unless the --init checkpoint carries it
+    if cfg.support_features and not (init and ModelConfig.from_dict(read_metadata(init)["config"]).support_features):
+        read_feature_trunk(tc.support_features_weights, cfg.support_features)
     if tc.camera_share and cfg.channels != 3:
         raise UsageError("--camera-noise needs a colour model (--channels 3): camera noise is made in RGB")
     model_path = out / "model.safetensors"

@@ -1,7 +1,8 @@
 """`indeed train --task detect` then `indeed detect`, end to end on tiny data."""
 
 import numpy as np
-from conftest import TINY_TRAIN, write_png
+import torch
+from conftest import TINY_TRAIN, package_format_state, write_png
 
 
 def test_train_detect_end_to_end(tmp_path, run_cli, rng):
@@ -175,3 +176,57 @@ def test_calibrate_learns_a_threshold_for_the_scales_asked(tmp_path, run_cli, rn
     bad = tmp_path / "b.safetensors"
     code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "-o", bad, "--scales", "0,1")
     assert code == 2 and "--scales" in err and not bad.exists()
+
+
+def test_train_gives_a_detector_imagenet_features(tmp_path, run_cli, rng):
+    """`--support-features FILE`: f_thetaM of a trained detector also reads the frozen trunk, which the
+    new checkpoint carries, so `indeed detect` needs no feature file; a missing file is one line."""
+    from indeed_cli.model import load_checkpoint
+    from indeed_cli.model.checkpoint import save_feature_trunk
+    from indeed_cli.model.features import trunk_state_from_efficientnet
+
+    d = tmp_path / "normal"
+    d.mkdir()
+    for i in range(4):
+        write_png(d / f"{i}.png", rng.integers(90, 160, (40, 44), dtype=np.uint8))
+    trunk = save_feature_trunk(
+        tmp_path / "t.safetensors", trunk_state_from_efficientnet(package_format_state()), "efficientnet-lite0", "test"
+    )
+    common = ["train", "--task", "detect", "--data", d, "--val-count", "2", "--channels", "1", *TINY_TRAIN, "-q"]
+    code, _, err = run_cli(*common, "--support-width", "8", "--steps", "1", "--out", tmp_path / "run")
+    assert code == 0, err
+    start = tmp_path / "run" / "model.safetensors"
+    code, _, err = run_cli(
+        *common,
+        "--init",
+        start,
+        "--support-features",
+        tmp_path / "missing.safetensors",
+        "--steps",
+        "1",
+        "--out",
+        tmp_path / "bad",
+    )
+    assert code != 0 and "feature weights not found" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad" / "model.safetensors").exists()
+    code, _, err = run_cli(
+        *common, "--init", start, "--support-features", trunk, "--steps", "1", "--out", tmp_path / "feat"
+    )
+    assert code == 0 and "now also reads ImageNet features" in err, err
+    ck = load_checkpoint(tmp_path / "feat" / "model.safetensors")
+    assert ck.config.support_features == "efficientnet-lite0"
+    assert torch.equal(
+        ck.model.support.features.stem.weight, load_checkpoint_trunk(trunk)["stem.weight"].half().float()
+    )
+    out = tmp_path / "maps"
+    code, stdout, err = run_cli(
+        "detect", d, "-w", tmp_path / "feat" / "model.safetensors", "--maps", out, "--json", "-q"
+    )
+    assert code in (0, 1) and len(stdout.strip().splitlines()) == 4, err  # 1: some image flagged
+    assert len(list(out.glob("*_anomaly.png"))) == 4
+
+
+def load_checkpoint_trunk(path):
+    from indeed_cli.model.checkpoint import read_feature_trunk
+
+    return read_feature_trunk(path, "efficientnet-lite0")

@@ -26,6 +26,54 @@ def test_round_trip_preserves_config_and_outputs(tmp_path):
     assert not list(tmp_path.glob(".*tmp*"))  # atomic write left no temp file
 
 
+def test_int8_storage_round_trip_error_bound_and_size(tmp_path):
+    m = tiny_model(3, seed=4)
+    big = {k for k, v in m.state_dict().items() if v.dim() == 4 and v.numel() >= 1000}
+    assert big  # the tiny model has convolutions this large
+    fp16 = C.save_checkpoint(tmp_path / "a.safetensors", m, {"steps": 5}, {"ood": [1]})
+    q = C.save_checkpoint(tmp_path / "b.safetensors", m, {"steps": 5}, {"ood": [1]}, int8_min_weights=1000)
+    assert q.stat().st_size < fp16.stat().st_size
+    assert C.read_metadata(fp16)["int8_min_weights"] is None
+    ck = C.load_checkpoint(q)
+    assert ck.int8_min_weights == 1000 and ck.extra == {"ood": [1]} and ck.training == {"steps": 5}
+    src, got = m.state_dict(), ck.model.state_dict()
+    for k in src:
+        if k in big:  # half a quantisation step of the channel's own scale, at most
+            step = src[k].flatten(1).abs().amax(1) / 127
+            err = (got[k] - src[k]).flatten(1).abs().amax(1)
+            assert (err <= 0.5 * step * 1.01 + 1e-7).all(), k
+            assert (got[k] != src[k].half().float()).any()  # it really was stored in int8
+        else:
+            assert torch.equal(got[k], src[k].half().float()), k
+    # rewriting it (what indeed calibrate does) keeps the int8 storage and the weights
+    again = C.save_checkpoint(
+        tmp_path / "c.safetensors", ck.model, ck.training, ck.extra, int8_min_weights=ck.int8_min_weights
+    )
+    assert again.stat().st_size == q.stat().st_size
+    assert all(torch.equal(v, C.load_checkpoint(again).model.state_dict()[k]) for k, v in got.items())
+
+
+def test_int8_tensor_without_its_scale_is_refused(tmp_path):
+    m = tiny_model(1)
+    p = C.save_checkpoint(tmp_path / "q.safetensors", m, int8_min_weights=1000)
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(p), "pt") as f:
+        meta = f.metadata()
+    state = {k: v for k, v in load_file(str(p)).items() if not k.endswith(C.INT8_SCALE_SUFFIX)}
+    save_file(state, str(tmp_path / "noscale.safetensors"), metadata=meta)
+    with pytest.raises(C.CheckpointError, match="int8"):
+        C.load_checkpoint(tmp_path / "noscale.safetensors")
+
+
+def test_bundled_weights_are_under_16_megabytes():
+    files = sorted((Path(__file__).resolve().parents[2] / "weights").glob("*.safetensors"))
+    assert files
+    for f in files:
+        assert f.stat().st_size < 16_000_000, f"{f.name}: {f.stat().st_size / 1e6:.2f} MB"
+
+
 def test_truncated_file_is_refused(tmp_path):
     p = C.save_checkpoint(tmp_path / "m.safetensors", tiny_model(1))
     data = p.read_bytes()

@@ -29,6 +29,9 @@ class TrainConfig:
     time_budget: float = 0.0  # total training seconds over all resumed calls; 0 = schedule by steps
     losses: LossWeights = field(default_factory=LossWeights)
     init: str = ""  # checkpoint whose weights start a new run (fine-tuning); ignored when resuming
+    # detect: the ImageNet trunk's weights (tools/import_efficientnet_lite0.py) for a model whose
+    # f_thetaM reads features and that does not have them yet (a fresh run, or --init without them)
+    support_features_weights: str = ""
     deterministic: bool = False  # deterministic kernels, no cuDNN autotuning (docs/guide/train.md)
     state_shard_mb: float = 0.0  # the resumable state in files of at most this size; 0 = one file
 

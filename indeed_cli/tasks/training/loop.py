@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ...model import InDeed, ModelConfig, load_checkpoint, save_checkpoint
+from ...model.checkpoint import load_support_features
 from .batches import denoise_batch
 from .config import TrainConfig, lr_at
 from .data import PatchSampler
@@ -120,17 +121,25 @@ def _train(
     elif tc.init:  # fine-tune: start from a checkpoint's weights with a fresh optimizer and schedule
         start = load_checkpoint(tc.init, dev)
         adds_support = not start.config.support_width and model_cfg.support_width
-        bare = replace(model_cfg, support_width=0, support_levels=start.config.support_levels)
+        adds_features = not start.config.support_features and model_cfg.support_features
+        expected = replace(model_cfg, support_features=start.config.support_features)
+        if adds_support:
+            expected = replace(expected, support_width=0, support_levels=start.config.support_levels)
         # the variational q(B) has f_thetaB's weights too (unused): either kind starts the other
-        same_b = replace(start.config, lowrank_b=model_cfg.lowrank_b)
-        if same_b != (bare if adds_support else model_cfg):
+        if replace(start.config, lowrank_b=model_cfg.lowrank_b) != expected:
             raise ValueError(f"--init checkpoint {tc.init} has another model config than this run")
-        # a detector without f_thetaM may start one: its other modules load, f_thetaM starts fresh
-        model.load_state_dict(start.model.state_dict(), strict=not adds_support)
+        # a detector without f_thetaM may start one: its other modules load, f_thetaM starts fresh;
+        # one without features keeps its f_thetaM, the features' projection starts at zero
+        model.load_state_dict(start.model.state_dict(), strict=not (adds_support or adds_features))
         log(
             f"initialised from {tc.init} ({start.training.get('steps', '?')} steps)"
             + ("; f_thetaM (support posterior) starts fresh" if adds_support else "")
+            + ("; f_thetaM now also reads ImageNet features" if adds_features and not adds_support else "")
         )
+        if adds_features:
+            load_support_features(model, tc.support_features_weights)
+    elif model_cfg.support_features:
+        load_support_features(model, tc.support_features_weights)
     net = model
     if dist:
         net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
