@@ -16,6 +16,10 @@ TASKS = ("denoise", "detect")
 SPARSE_INPUTS = ("residual", "residual+lowrank")
 LOWRANK_B = ("network", "variational")
 SUPPORT_FEATURES = ("", "efficientnet-lite0")
+# what a fine-tune (`indeed train --init`) may change in its checkpoint's network: give a detector
+# f_thetaM (support_width, support_levels) or give f_thetaM image features, whose weights start fresh,
+# and take q(B) from f_thetaB or from the variational update (the same weights either way)
+FINE_TUNE_FIELDS = ("support_width", "support_levels", "support_features", "lowrank_b")
 
 
 @dataclass(frozen=True)
@@ -104,3 +108,17 @@ class ModelConfig:
             raise ValueError("support_width must be >= 0 and support_levels >= 1")
         if self.lowrank_width % self.groups or self.sparse_width % self.groups:
             raise ValueError("widths must be multiples of groups")
+
+
+def fine_tune_config(start: ModelConfig, requested: dict) -> ModelConfig:
+    """The network of a run that starts from a checkpoint whose config is ``start``, given the model
+    options the user asked for (``requested``, ModelConfig fields): ``start`` with the changes of
+    :data:`FINE_TUNE_FIELDS` a fine-tune may make; any other field stays the checkpoint's.
+    A detector that has f_thetaM keeps its width and scales. Raises ValueError for an invalid result."""
+    changes = {k: requested[k] for k in FINE_TUNE_FIELDS if requested.get(k)}
+    if start.support_width:
+        changes.pop("support_width", None)
+        changes.pop("support_levels", None)
+    cfg = dataclasses.replace(start, **changes)
+    cfg.validate()
+    return cfg

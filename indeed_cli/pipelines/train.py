@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from tqdm import tqdm
 
 from ..model import CheckpointError, ModelConfig, read_metadata, resolve_weights
 from ..model.checkpoint import read_feature_trunk
+from ..model.config import fine_tune_config
 from ..tasks.detection import PRESETS
 from ..tasks.training import (
     detect_batch_fn,
@@ -89,22 +90,10 @@ def train(
         raise UsageError(str(e)) from None
     if init:
         init = str(resolve_weights(init, channels, task))
-        cfg = ModelConfig.from_dict(read_metadata(init)["config"])
-        # the changes a fine-tune may make to the network: give a detector f_thetaM (support posterior),
-        # and take q(B) from f_thetaB or from the variational update (same weights either way)
-        changes = {k: v for k, v in (model or {}).items() if k in ("support_width", "support_levels") and v}
-        if cfg.support_width:
-            changes = {}
-        if (model or {}).get("lowrank_b"):
-            changes["lowrank_b"] = model["lowrank_b"]
-        if (model or {}).get("support_features"):
-            changes["support_features"] = model["support_features"]
-        if changes:
-            try:
-                cfg = replace(cfg, **changes)
-                cfg.validate()
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+        try:
+            cfg = fine_tune_config(ModelConfig.from_dict(read_metadata(init)["config"]), model or {})
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         if cfg.task != task or cfg.channels != channels:
             raise CheckpointError(
                 f"--init {init} is a {cfg.channels}-channel {cfg.task} model; this run is a "

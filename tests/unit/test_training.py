@@ -304,3 +304,17 @@ def test_deterministic_mode_is_on_during_training_only_and_repeats_runs(tmp_path
             progress=False,
             log=lambda m: None,
         )
+
+
+def test_fine_tune_config_changes_only_the_switchable_fields():
+    from indeed_cli.model.config import fine_tune_config
+
+    det = tiny_config(1, task="detect")
+    asked = {"rank": 32, "sparse_width": 64, "support_width": 8, "support_levels": 3, "lowrank_b": "variational"}
+    cfg = fine_tune_config(det, asked)
+    assert (cfg.rank, cfg.sparse_width) == (det.rank, det.sparse_width)  # not switchable: the checkpoint's
+    assert (cfg.support_width, cfg.lowrank_b) == (8, "variational")
+    kept = fine_tune_config(cfg, {"support_width": 16, "support_levels": 2, "support_features": "efficientnet-lite0"})
+    assert (kept.support_width, kept.support_levels, kept.support_features) == (8, 3, "efficientnet-lite0")
+    with pytest.raises(ValueError, match="f_thetaM"):
+        fine_tune_config(det, {"support_features": "efficientnet-lite0"})

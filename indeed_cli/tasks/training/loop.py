@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ...model import InDeed, ModelConfig, load_checkpoint, save_checkpoint
 from ...model.checkpoint import load_support_features
+from ...model.config import FINE_TUNE_FIELDS
 from .batches import denoise_batch
 from .config import TrainConfig, lr_at
 from .data import PatchSampler
@@ -120,17 +121,16 @@ def _train(
         log(f"resumed from {out_dir} at step {step}")
     elif tc.init:  # fine-tune: start from a checkpoint's weights with a fresh optimizer and schedule
         start = load_checkpoint(tc.init, dev)
+        switched = {f: getattr(model_cfg, f) for f in FINE_TUNE_FIELDS}
+        if replace(start.config, **switched) != model_cfg:
+            raise ValueError(f"--init checkpoint {tc.init} has another model config than this run")
+        # what a fine-tune adds starts fresh (all of a new f_thetaM; the features' projection at zero,
+        # so that f_thetaM starts as it was); everything else must load
+        missing, unexpected = model.load_state_dict(start.model.state_dict(), strict=False)
+        if unexpected or any(not k.startswith("support.") for k in missing):
+            raise ValueError(f"--init checkpoint {tc.init} does not fit this run's network")
         adds_support = not start.config.support_width and model_cfg.support_width
         adds_features = not start.config.support_features and model_cfg.support_features
-        expected = replace(model_cfg, support_features=start.config.support_features)
-        if adds_support:
-            expected = replace(expected, support_width=0, support_levels=start.config.support_levels)
-        # the variational q(B) has f_thetaB's weights too (unused): either kind starts the other
-        if replace(start.config, lowrank_b=model_cfg.lowrank_b) != expected:
-            raise ValueError(f"--init checkpoint {tc.init} has another model config than this run")
-        # a detector without f_thetaM may start one: its other modules load, f_thetaM starts fresh;
-        # one without features keeps its f_thetaM, the features' projection starts at zero
-        model.load_state_dict(start.model.state_dict(), strict=not (adds_support or adds_features))
         log(
             f"initialised from {tc.init} ({start.training.get('steps', '?')} steps)"
             + ("; f_thetaM (support posterior) starts fresh" if adds_support else "")
