@@ -209,7 +209,11 @@ def resolve_feature_weights(spec: str | Path | None, name: str) -> Path:
     """The weights of the feature trunk ``name`` for ``indeed train --support-features``: ``spec`` a
     file, or empty / the trunk's name for the bundled copy (weights/features/)."""
     if not spec or str(spec) == name:
-        if name not in BUNDLED_FEATURES:
-            raise CheckpointError(f"no bundled weights for {name} features")
-        return weights_dir() / BUNDLED_FEATURES[name]
+        path = weights_dir() / BUNDLED_FEATURES.get(name, f"features/{name}.safetensors")
+        if not path.is_file():
+            raise CheckpointError(
+                f"the bundled {name} feature weights are not in {path.parent}: give --support-features FILE "
+                "(tools/import_efficientnet_lite0.py writes it) or --support-features none"
+            )
+        return path
     return Path(spec)

@@ -127,3 +127,13 @@ def test_import_tool_converts_a_state_dict(tmp_path):
     got = C.read_feature_trunk(out, "efficientnet-lite0")
     want = trunk_state_from_efficientnet(package_format_state(4))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k].half()) for k in want)
+
+
+def test_missing_bundled_features_name_the_way_out(tmp_path, monkeypatch):
+    from indeed_cli.model.registry import resolve_feature_weights
+
+    assert resolve_feature_weights("", "efficientnet-lite0").is_file()  # bundled
+    assert resolve_feature_weights(tmp_path / "f.safetensors", "efficientnet-lite0") == tmp_path / "f.safetensors"
+    monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(tmp_path))
+    with pytest.raises(C.CheckpointError, match="--support-features none"):
+        resolve_feature_weights("efficientnet-lite0", "efficientnet-lite0")
