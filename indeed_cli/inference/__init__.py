@@ -15,6 +15,7 @@ from .decomposition import (
     denoise_with_stats,
     n_tiles,
     pixel_shuffle_denoise,
+    pixel_shuffle_fits,
     sparse_mean,
     support_probability,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "native_bf16",
     "network_for",
     "pixel_shuffle_denoise",
+    "pixel_shuffle_fits",
     "reflect_index",
     "resolve_device",
     "resolve_precision",

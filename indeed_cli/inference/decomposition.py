@@ -370,6 +370,12 @@ def pixel_shuffle_guard(plain: np.ndarray, shuffled: np.ndarray) -> np.ndarray:
     return weight * shuffled + (1.0 - weight) * plain
 
 
+def pixel_shuffle_fits(height: int, width: int, stride: int | str) -> bool:
+    """Whether an image of that size has sub-images of at least 2 x 2 pixels at ``stride`` ("auto"
+    and 1 always fit: auto keeps the plain read-out where stride 2 does not)."""
+    return stride in (1, "auto") or min(height, width) >= 2 * int(stride)
+
+
 def pixel_shuffle_denoise(
     ckpt: Checkpoint,
     image,
@@ -392,7 +398,7 @@ def pixel_shuffle_denoise(
     stride = check_pixel_shuffle(stride)
     data, _ = as_image(image)
     opts = opts or InferenceOptions()
-    if stride not in (1, "auto") and min(data.shape[1:]) < 2 * stride:
+    if not pixel_shuffle_fits(*data.shape[1:], stride):
         raise ValueError(f"an image of {data.shape[1]}x{data.shape[2]} is too small for a pixel shuffle of {stride}")
     if plain is None:
         plain = _run(ckpt, data, "denoise", opts, progress)[0]["X"].numpy()

@@ -20,6 +20,7 @@ from ..inference import (
     denoise_with_stats,
     n_tiles,
     pixel_shuffle_denoise,
+    pixel_shuffle_fits,
 )
 from ..io import JPEG_QUALITY, ImageError, check_output_format, write_image
 from ..model import Checkpoint, CheckpointError
@@ -144,7 +145,8 @@ def _steps(
             if isinstance(img, ImageError):
                 raise img
             check_output_format(dst, img)
-            if pixel_shuffle != "auto" and min(img.size) < 2 * pixel_shuffle:
+            # checked before any read-out, so that such an image costs nothing and gets this line
+            if not pixel_shuffle_fits(img.size[1], img.size[0], pixel_shuffle):
                 raise ImageError(f"{src}: {img.size[0]}x{img.size[1]} is too small for --pixel-shuffle {pixel_shuffle}")
         except ImageError as e:
             yield Outcome(src, {"image": str(src)}, e)
