@@ -88,6 +88,11 @@ def save_checkpoint(
     }
     if int8:
         meta["int8_min_weights"] = str(int8_min_weights)
+    return _write_atomically(path, tensors, meta)
+
+
+def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Path:
+    """safetensors to a temporary file beside ``path``, then renamed: never a half-written file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -96,6 +101,15 @@ def save_checkpoint(
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _safetensors_metadata(path: Path, what: str) -> dict[str, str]:
+    """The metadata of a safetensors file that exists; CheckpointError naming ``what`` otherwise."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except (SafetensorsError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"not a readable safetensors {what}: {path} ({str(e).splitlines()[0][:120]})") from None
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,13 +146,7 @@ def read_metadata(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-    except (SafetensorsError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(
-            f"not a readable safetensors checkpoint: {path} ({str(e).splitlines()[0][:120]})"
-        ) from None
+    meta = _safetensors_metadata(path, "checkpoint")
     if meta.get("format") != "indeed":
         raise CheckpointError(f"not an indeed checkpoint (no 'format: indeed' metadata): {path}")
     if meta.get("format_version") not in READABLE_VERSIONS:
@@ -202,14 +210,7 @@ def save_feature_trunk(path: str | Path, state: dict[str, torch.Tensor], name: s
     trunk's name and its source."""
     path = Path(path)
     tensors = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in state.items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        save_file(tensors, str(tmp), metadata={"format": FEATURES_FORMAT, "name": name, "source": source})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return _write_atomically(path, tensors, {"format": FEATURES_FORMAT, "name": name, "source": source})
 
 
 def read_feature_trunk(path: str | Path, name: str) -> dict[str, torch.Tensor]:
@@ -222,12 +223,11 @@ def read_feature_trunk(path: str | Path, name: str) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"feature weights not found: {path}")
+    meta = _safetensors_metadata(path, "file")
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
         state = load_file(str(path))
     except (SafetensorsError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"not a readable safetensors file: {path} ({str(e).splitlines()[0][:120]})") from None
+        raise CheckpointError(f"feature weights are unreadable: {path} ({str(e).splitlines()[0][:120]})") from None
     if meta.get("format") != FEATURES_FORMAT or meta.get("name") != name:
         raise CheckpointError(f"{path} holds no {name} feature weights (its name: {meta.get('name')!r})")
     return state
