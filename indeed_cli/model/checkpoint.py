@@ -35,7 +35,7 @@ INT8_SCALE_SUFFIX = ".int8_scale"
 # convolutions of at least this many weights may be stored in int8: in the gray denoiser these are
 # the 8 bottleneck convolutions (256 x 256 x 3 x 3), 4.7 of its 16.2 MB; int8 there moved Set12's
 # mean PSNR by at most 0.0003 dB at sigma 15/25/50, int8 in every convolution by up to 0.006
-# (docs/reports/2026-11-28-int8-bottleneck.md)
+# (docs/reports/2026-11-28-features-and-int8.md)
 INT8_MIN_WEIGHTS = 2**19
 
 

