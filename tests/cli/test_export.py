@@ -54,9 +54,11 @@ def test_export_refuses_clearly(run_cli, tmp_path):
     assert code == 2 and "lowrank_b" in err and not (tmp_path / "v.onnx").exists()
 
 
-@pytest.mark.parametrize("support", [0, 8])
-def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp_path, rng, support):
-    det = tiny_model(1, task="detect", support_width=support)
+@pytest.mark.parametrize("support,features", [(0, ""), (8, ""), (8, "efficientnet-lite0")])
+def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp_path, rng, support, features):
+    det = tiny_model(1, task="detect", support_width=support, support_features=features)
+    if features:  # the projection starts at zero: make the features count
+        torch.nn.init.normal_(det.support.feature_proj.weight, std=0.1)
     facts = {"threshold": 0.02, "scales": [1.0, 0.5], "score_kind": "top5"}
     w = save_checkpoint(tmp_path / "det.safetensors", det, {}, {"detect": facts})
     code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "det.onnx", "--json")
