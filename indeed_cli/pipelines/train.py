@@ -89,10 +89,12 @@ def train(
         )
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
+    start = None  # the --init checkpoint's config
     if init:
         init = str(resolve_weights(init, channels, task))
         try:
-            cfg = fine_tune_config(ModelConfig.from_dict(read_metadata(init)["config"]), model or {})
+            start = ModelConfig.from_dict(read_metadata(init)["config"])
+            cfg = fine_tune_config(start, model or {})
         except ValueError as e:
             raise UsageError(str(e)) from None
         if cfg.task != task or cfg.channels != channels:
@@ -102,7 +104,7 @@ def train(
             )
         tc = rc.train_config(**{**settings, "init": init})
     # the ImageNet trunk comes from the bundled copy or a file, unless the --init checkpoint carries it
-    if cfg.support_features and not (init and ModelConfig.from_dict(read_metadata(init)["config"]).support_features):
+    if cfg.support_features and not (start and start.support_features):
         trunk = resolve_feature_weights(tc.support_features_weights, cfg.support_features)
         read_feature_trunk(trunk, cfg.support_features)
         tc = replace(tc, support_features_weights=str(trunk))
