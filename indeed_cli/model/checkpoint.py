@@ -33,9 +33,9 @@ INT8_FORMAT_VERSION = 2
 READABLE_VERSIONS = (str(FORMAT_VERSION), str(INT8_FORMAT_VERSION))
 INT8_SCALE_SUFFIX = ".int8_scale"
 # convolutions of at least this many weights may be stored in int8: in the gray denoiser these are
-# the 8 bottleneck convolutions (256 x 256 x 3 x 3), 4.7 of its 16.2 MB; int8 there moved Set12's
-# mean PSNR by at most 0.0003 dB at sigma 15/25/50, int8 in every convolution by up to 0.006
-# (docs/reports/2026-11-28-features-and-int8.md)
+# the 8 bottleneck convolutions (256 x 256 x 3 x 3), 9.4 of its 16.2 MB in float16; int8 there moved
+# mean PSNR on Set12 and BSD68 by at most 0.001 dB at sigma 15/25/50, int8 in every convolution of
+# at least 4,096 weights by up to 0.007 (docs/reports/2026-11-28-features-and-int8.md)
 INT8_MIN_WEIGHTS = 2**19
 
 
