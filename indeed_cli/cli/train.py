@@ -182,6 +182,15 @@ def train_cmd(
             "so that flat patches weigh like textured ones (docs/model.md); 0 = one sigma0 (the paper).",
         ),
     ] = LossWeights.patch_precision,
+    rank_sup: Annotated[
+        float,
+        typer.Option(
+            "--rank-supervision",
+            metavar="WEIGHT",
+            help="denoise: weight of l_n, which asks the rank index n to equal the clean patch's SVD rank "
+            "(docs/model.md); 0 = off (the paper).",
+        ),
+    ] = LossWeights.rank_sup,
     time_limit: Annotated[
         float, typer.Option("--time-limit", metavar="SECONDS", help="Stop cleanly after this many seconds (0 = none).")
     ] = 0,
@@ -280,6 +289,7 @@ def train_cmd(
             sigma0_noise_ref=sigma0_noise_ref,
             lowrank_sup=lowrank_sup,
             patch_precision=patch_precision,
+            rank_sup=rank_sup,
         ),
         **({"sigma_max": sigma_max} if sigma_max is not None else {}),
         **(

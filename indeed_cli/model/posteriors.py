@@ -23,6 +23,9 @@ minimiser; the paper's parameterisation is its double.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -220,6 +223,55 @@ def support_focal_loss(logit: Tensor, z: Tensor, gamma: float = SUPPORT_FOCAL_GA
     log_p, log_not_p = F.logsigmoid(logit), F.logsigmoid(-logit)
     loss = -(z * (1 - p).pow(gamma) * log_p + (1 - z) * p.pow(gamma) * log_not_p)
     return loss.flatten(1).sum(1)
+
+
+def energy_rank(U: Tensor, energy: float = 0.999, cap: int = 0) -> Tensor:
+    """The SVD rank of each channel of ``U`` (N, C, h, w): how many of its largest singular values
+    hold ``energy`` of its squared Frobenius norm (at most ``cap`` when > 0), (N, C) integers on the
+    CPU.  The clean image's rank that the rank index n is compared with (benchmarks/lowrank.py,
+    128x128 tiles) and that :func:`rank_supervision_loss` asks n to follow.  A channel of zeros has
+    rank 0.
+
+    The squared singular values are the eigenvalues of the Gram matrix U U^T (of the shorter side),
+    in float64 with numpy on the CPU: GPUs solve 128x128 eigenproblems one by one (0.5 s for a batch
+    of 64 colour patches on an H200, 10x a training step), and numpy's single-threaded LAPACK is
+    about twice as fast as torch's here (training computes it beside the GPU's forward pass)."""
+    X = U.detach().to("cpu", torch.float64).numpy()
+    if X.shape[-2] > X.shape[-1]:
+        X = X.swapaxes(-1, -2)
+    s2 = np.linalg.eigvalsh(X @ X.swapaxes(-1, -2))[..., ::-1].clip(min=0)
+    total = s2.sum(-1, keepdims=True)
+    share = s2.cumsum(-1) / np.maximum(total, 1e-300)
+    r = np.where(total[..., 0] > 0, (share < energy).sum(-1) + 1, 0)
+    r = torch.from_numpy(r.astype(np.int64))
+    return r.clamp(max=cap) if cap > 0 else r
+
+
+def rank_supervision_loss(
+    beta_gamma: Tensor, target: Tensor, rel_threshold: float = 0.01, margin: float = 2.0
+) -> Tensor:
+    """l_n, docs/model.md Eq. (rank supervision), per sample (N,):
+
+        l_n = 1/(C r) sum_c [ sum_{k <= n*} relu(log(m t) - log rho_(k))^2
+                              + sum_{k > n*} relu(log rho_(k) - log(t/m))^2 ]
+
+    with rho_i = E[1/gamma_i] / max_j E[1/gamma_j] = beta_i / max_j beta_j (q(gamma_i) shares alpha, Eq. gamma
+    formula), sorted so that rho_(1) >= rho_(2) >= ..., t the rank index's threshold (:func:`rank_components`,
+    1% of the largest E[1/gamma]), m a margin (2: beyond the 95% posterior probability the index asks for
+    at alpha = alpha0 + (h + w)/2) and n* the clean patch's SVD rank (:func:`energy_rank`).  It asks the
+    n* strongest components to stand above the index's threshold and the others below it, so that n = n*.
+
+    beta_gamma (N, C, r): the rate of q(gamma) from :func:`gamma_posterior` (with its gradient);
+    target (N, C) integers."""
+    with torch.autocast(beta_gamma.device.type, enabled=False):
+        b = beta_gamma.float()
+        log_rho = torch.log(b.clamp_min(EPS)) - torch.log(b.amax(-1, keepdim=True).clamp_min(EPS))
+        log_rho = log_rho.sort(-1, descending=True).values
+        k = torch.arange(b.shape[-1], device=b.device)
+        on = k < target.to(b.device)[..., None]
+        lo, hi = math.log(margin * rel_threshold), math.log(rel_threshold / margin)
+        terms = torch.where(on, F.relu(lo - log_rho), F.relu(log_rho - hi)).square()
+        return terms.flatten(1).mean(1)
 
 
 # --------------------------------------------------------------- interpretation

@@ -1,5 +1,7 @@
 """`indeed train`: fine-tuning from a checkpoint, the sparse module asked for, scale augmentation, option conflicts."""
 
+import json
+
 import numpy as np
 import torch
 from conftest import TINY_TRAIN, tiny_config, write_png
@@ -201,3 +203,21 @@ def test_train_with_camera_noise_records_it_and_refuses_gray(tmp_path, rng, run_
         "train", "--data", data, "--out", tmp_path / "gray", "--channels", "1", "--camera-noise", "0.5", *common
     )
     assert code == 2 and "colour model" in err and not (tmp_path / "gray").exists()
+
+
+def test_train_with_rank_supervision_logs_l_n_and_refuses_detection(tmp_path, rng, run_cli):
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    common = [*TINY_TRAIN, "--steps", "2", "--log-every", "1", "--val-count", "1", "--ood-samples", "0", "-q"]
+    code, _, err = run_cli(
+        "train", "--data", data, "--out", tmp_path / "run", "--rank-supervision", "100", "--device", "cpu", *common
+    )
+    assert code == 0, err
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert any("rank_sup" in r for r in logged)
+    code, _, err = run_cli(
+        "train", "--task", "detect", "--data", data, "--out", tmp_path / "det", "--rank-supervision", "1", *common
+    )
+    assert code == 2 and "--rank-supervision" in err and not (tmp_path / "det").exists()

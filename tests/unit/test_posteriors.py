@@ -3,6 +3,7 @@ against the textbook KL divergences they stand for."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -169,6 +170,43 @@ def test_rank_index_counts_active_components():
     small = torch.full_like(mA, 1e-4), torch.full_like(mB, 1e-4)
     a, b = P.gamma_posterior(mA, small[0], mB, small[1])
     assert P.rank_index(a, b).item() == k
+
+
+def test_energy_rank_counts_singular_values_holding_the_energy():
+    """energy_rank against a direct count on numpy's SVD, an exact rank-k matrix and the cap."""
+    torch.manual_seed(2)
+    U = torch.rand(3, 2, 20, 24)
+    U[0, 0] = torch.randn(20, 3) @ torch.randn(3, 24)  # exactly rank 3
+    U[1, 1] = 0.0
+    r = P.energy_rank(U)
+    for i in range(3):
+        for c in range(2):
+            s2 = np.linalg.svd(U[i, c].double().numpy(), compute_uv=False) ** 2
+            share = np.cumsum(s2) / max(s2.sum(), 1e-300)
+            expected = int(np.searchsorted(share, 0.999)) + 1 if s2.sum() > 0 else 0
+            assert int(r[i, c]) == expected
+    assert int(r[0, 0]) <= 3 and int(r[1, 1]) == 0
+    assert int(P.energy_rank(U, cap=2).max()) == 2
+
+
+def test_rank_supervision_is_zero_exactly_when_the_rank_index_equals_the_target():
+    """l_n vanishes when the n* strongest components stand a margin above the index's threshold and the
+    others a margin below; then rank_index == n*.  Off by one component, it is positive, and its gradient
+    moves the offending component's rate the right way."""
+    r, k = 8, 3
+    beta = torch.full((1, 1, r), 1e-5)
+    beta[..., :k] = torch.tensor([1.0, 0.5, 0.05])
+    alpha = torch.full_like(beta, 2.0 + 0.5 * 256)
+    assert P.rank_index(alpha, beta).item() == k
+    assert float(P.rank_supervision_loss(beta, torch.tensor([[k]]))) == 0.0
+    b = beta.clone().requires_grad_(True)
+    loss = P.rank_supervision_loss(b, torch.tensor([[k + 1]]))  # one more component should be on
+    assert float(loss.detach()) > 0
+    (g,) = torch.autograd.grad(loss, b)
+    assert float(g[0, 0, k]) < 0 and float(g[0, 0, k + 1 :].abs().sum()) == 0  # raise the 4th strongest only
+    loss = P.rank_supervision_loss(b, torch.tensor([[k - 1]]))  # one fewer
+    (g,) = torch.autograd.grad(loss, b)
+    assert float(g[0, 0, k - 1]) > 0  # lower the 3rd strongest
 
 
 def test_leaf_means_are_detached_and_positive():

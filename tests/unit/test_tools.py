@@ -84,3 +84,48 @@ def test_tool_scripts_run(tmp_path):
     r = subprocess.run(run, capture_output=True, text=True)
     assert r.returncode == 0 and "step 3" in r.stdout, r.stderr
     assert TrainConfig().state_shard_mb == 0  # one file unless asked
+
+
+def _fetch_wallpapers():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fetch_wallpapers", TOOLS / "fetch_wallpapers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fetch_wallpapers_picks_the_largest_image_and_downscales_by_area(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    fw = _fetch_wallpapers()
+    assert fw.downscale_factor(3000, 2000) == 0.35 and fw.downscale_factor(2560, 1600) == 0.6
+    images = tmp_path / "usr/share/wallpapers/Kite/contents/images"
+    images.mkdir(parents=True)
+    Image.new("RGB", (40, 30)).save(images / "40x30.jpg")
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (50, 80, 3), dtype=np.uint8)).save(images / "80x50.png")
+    (images / "1920x1080.png").symlink_to("80x50.png")  # a size name that links to another file
+    src = fw.find_photograph(tmp_path, "Kite")
+    assert src == (images / "80x50.png").resolve()
+    before, after = fw.write_downscaled(src, tmp_path / "Kite.png")
+    assert before == (80, 50) and after == (48, 30)  # 0.6: the shorter side is below 2000
+    x = np.asarray(Image.open(src), dtype=np.float64)
+    y = np.asarray(Image.open(tmp_path / "Kite.png"), dtype=np.float64)
+    assert abs(x.mean() - y.mean()) < 1.0  # an area filter keeps the mean
+    backgrounds = tmp_path / "usr/share/backgrounds/mate/nature"
+    backgrounds.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(backgrounds / "Dune.jpg")
+    assert fw.find_photograph(tmp_path, "Dune") == backgrounds / "Dune.jpg"
+    assert fw.find_photograph(tmp_path, "Storm") is None
+
+
+def test_fetch_wallpapers_writes_nothing_when_a_package_is_missing(tmp_path):
+    (tmp_path / "debs").mkdir()
+    tool = [sys.executable, str(TOOLS / "fetch_wallpapers.py"), "--out", tmp_path / "out", "--debs", tmp_path / "debs"]
+    got = subprocess.run(tool, capture_output=True, text=True)
+    assert got.returncode == 1 and "not found" in got.stderr and not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    got = subprocess.run(tool, capture_output=True, text=True)
+    assert got.returncode == 2 and "exists" in got.stderr

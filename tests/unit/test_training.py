@@ -142,6 +142,55 @@ def test_training_loss_applies_patch_precision_to_l_sup_only():
     assert parts[20.0]["fid"] == pytest.approx(parts[0.0]["fid"], rel=1e-6)
 
 
+def test_training_loss_adds_rank_supervision_only_when_asked():
+    torch.manual_seed(0)
+    m = InDeed(tiny_config(1)).eval()
+    clean = torch.rand(2, 1, 32, 1) * torch.rand(2, 1, 1, 32)  # rank 1: fewer than the untrained model's n
+    noisy, sig = add_noise(clean, 25, 0.0, torch.Generator().manual_seed(0))
+    targets = {"clean": clean, "sigma": sig}
+    parts = {}
+    for w in (0.0, 3.0):
+        torch.manual_seed(1)
+        _, parts[w] = training_loss(m, noisy, targets, "denoise", LossWeights(rank_sup=w), m.cfg.priors)
+    assert "rank_sup" not in parts[0.0]
+    torch.manual_seed(1)
+    with torch.no_grad():
+        d = m(noisy, sample=True).float()
+    _, beta = P.gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, m.cfg.priors)
+    n_star = P.energy_rank(clean, cap=m.cfg.rank).clamp_min(1)
+    expected = 3.0 * float(P.rank_supervision_loss(beta, n_star).mean())
+    assert expected > 0 and parts[3.0]["rank_sup"] == pytest.approx(expected, rel=1e-5)
+    assert parts[3.0]["sup"] == pytest.approx(parts[0.0]["sup"], rel=1e-6)
+
+
+def test_denoise_batch_computes_the_clean_ranks_beside_the_model():
+    from indeed_cli.tasks.training import TrainConfig
+    from indeed_cli.tasks.training.batches import denoise_batch
+    from indeed_cli.tasks.training.data import PatchSampler
+
+    gen = torch.Generator().manual_seed(0)
+    images = [torch.rand(3, 40, 48) for _ in range(2)]
+    sampler = PatchSampler(images, 32, torch.device("cpu"), gen)
+    _, targets = denoise_batch(sampler, 4, TrainConfig(patch=32), gen)
+    assert "rank" not in targets
+    _, targets = denoise_batch(sampler, 4, TrainConfig(patch=32, losses=LossWeights(rank_sup=1.0)), gen)
+    assert torch.equal(targets["rank"].result(), P.energy_rank(targets["clean"]))
+    from indeed_cli.tasks.training.batches import RANK_PATCHES
+
+    n = RANK_PATCHES + 3  # only the first RANK_PATCHES patches get a rank (and l_n)
+    _, targets = denoise_batch(sampler, n, TrainConfig(patch=32, losses=LossWeights(rank_sup=1.0)), gen)
+    assert torch.equal(targets["rank"].result(), P.energy_rank(targets["clean"][:RANK_PATCHES]))
+
+
+def test_rank_supervision_needs_a_denoiser():
+    from indeed_cli.tasks.training import TrainConfig
+
+    with pytest.raises(ValueError, match="rank-supervision"):
+        TrainConfig(task="detect", losses=LossWeights(rank_sup=1.0)).check()
+    with pytest.raises(ValueError, match="rank-supervision"):
+        TrainConfig(losses=LossWeights(rank_sup=-1.0)).check()
+
+
 def test_state_round_trip(tmp_path):
     torch.manual_seed(0)
     m = InDeed(tiny_config(3))

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from ...model.posteriors import energy_rank
 from ..camera_noise import camera_noise_batch
 from ..detection.synthesis import AnomalyConfig, synthesize
 from .config import TrainConfig
 from .data import PatchSampler
 from .noise import add_noise
+
+# one worker: the clean patches' SVD ranks for l_n (--rank-supervision) on the CPU, while the forward pass runs
+_RANKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="indeed-rank")
+# l_n is computed on this many patches of each batch (the first ones; patches are drawn at random): 16
+# colour patches take about 30 ms on one CPU core, less than an H100's training step of 64, all 64 four
+# times that (and a GPU is slower still)
+RANK_PATCHES = 16
 
 
 def denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):
@@ -34,7 +43,10 @@ def denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Gen
             # the noise level a camera patch is weighted by (noise_level_weights): its RMS noise
             sigma = sigma.to(clean.device).clone()
             sigma[cam] = (cam_noisy - reference).pow(2).mean((1, 2, 3)).sqrt()
-    return noisy, {"clean": clean, "sigma": sigma}
+    targets = {"clean": clean, "sigma": sigma}
+    if tc.losses.rank_sup > 0:
+        targets["rank"] = _RANKS.submit(energy_rank, clean[:RANK_PATCHES].detach().to("cpu"))
+    return noisy, targets
 
 
 def detect_batch_fn(textures: list[torch.Tensor] | None = None, anomaly_cfg=None) -> Callable:

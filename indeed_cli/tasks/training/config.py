@@ -41,6 +41,10 @@ class TrainConfig:
             raise ValueError(f"--camera-noise must be a share between 0 and 1, got {self.camera_share}")
         if self.camera_share and self.task != "denoise":
             raise ValueError("--camera-noise is for denoisers (--task denoise)")
+        if self.losses.rank_sup < 0:
+            raise ValueError(f"--rank-supervision must be a weight of at least 0, got {self.losses.rank_sup}")
+        if self.losses.rank_sup and self.task != "denoise":
+            raise ValueError("--rank-supervision is for denoisers (--task denoise): it needs the clean images")
         if self.deterministic and self.time_budget:
             raise ValueError(
                 "a deterministic run needs a step-based schedule: --time-budget makes the learning "

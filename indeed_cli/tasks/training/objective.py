@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,9 @@ class LossWeights:
     # detection with f_thetaM: weight of its focal loss l_M (its inputs are detached, so this only
     # scales f_thetaM's gradient against the clipping norm; Adam is invariant to it otherwise)
     support: float = 1.0
+    # denoising: weight of l_n, the rank supervision (docs/model.md): asks the rank index n to equal the
+    # clean patch's SVD rank; 0 = off (the paper)
+    rank_sup: float = 0.0
 
 
 def noise_level_weights(sigma: torch.Tensor, ref: float) -> torch.Tensor:
@@ -57,6 +61,16 @@ def patch_precision_weights(sup: torch.Tensor, cap: float) -> torch.Tensor:
     return (e.mean() / e).clamp(max=cap)
 
 
+def clean_rank(targets: dict) -> torch.Tensor:
+    """The clean patches' SVD rank (k, C) for l_n, of the first k <= N patches: ``targets["rank"]`` (a
+    tensor, or a future that :func:`~indeed_cli.tasks.training.batches.denoise_batch` computes on the
+    CPU while the model runs), else computed here from all of ``targets["clean"]``."""
+    r = targets.get("rank")
+    if r is None:
+        return P.energy_rank(targets["clean"])
+    return r.result() if isinstance(r, Future) else r
+
+
 def training_loss(
     model: torch.nn.Module, Y: torch.Tensor, targets: dict[str, torch.Tensor], task: str, weights: LossWeights, priors
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -72,10 +86,16 @@ def training_loss(
             sup = sup * noise_level_weights(targets["sigma"].to(sup.device), weights.sigma0_noise_ref)
         if weights.patch_precision > 0:
             sup = sup * patch_precision_weights(sup, weights.patch_precision)
+        if weights.rank_sup > 0:
+            _, beta_gamma = P.gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, priors)
+            n_star = clean_rank(targets).to(Y.device).clamp(1, d.mu_A.shape[-1])  # of the first k patches
+            rank_sup = weights.rank_sup * P.rank_supervision_loss(beta_gamma[: len(n_star)], n_star)
     else:
         sup = P.anomaly_supervision_loss(d.L_hat, d.S_hat, targets["normal"], targets["anomaly"], weights.sigma0)
     per_px = float(Y[0].numel())
     parts = {"sup": sup.mean() / per_px, "orth": weights.tau * terms["orth"].mean() / per_px}
+    if task == "denoise" and weights.rank_sup > 0:
+        parts["rank_sup"] = rank_sup.mean()  # already a mean over components: no per-pixel scale
     if d.support_logit is not None:
         z = P.support_target(targets["mask"].to(Y.device), targets["anomaly"])
         parts["support"] = weights.support * P.support_focal_loss(d.support_logit, z).mean() / Y[0, 0].numel()
