@@ -188,13 +188,17 @@ def test_train_cli_refuses_deterministic_with_a_time_budget(tmp_path, rng, run_c
     assert code == 2 and "step-based" in err and not (tmp_path / "run").exists()
 
 
+def _colour_pngs(folder, rng, count: int = 3):
+    folder.mkdir()
+    for i in range(count):
+        write_png(folder / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    return folder
+
+
 def test_train_with_camera_noise_records_it_and_refuses_gray(tmp_path, rng, run_cli):
     from indeed_cli.model import read_metadata
 
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(3):
-        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    data = _colour_pngs(tmp_path / "data", rng)
     common = [*TINY_TRAIN, "--steps", "2", "--val-count", "1", "--ood-samples", "0", "-q", "--device", "cpu"]
     code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "run", "--camera-noise", "0.5", *common)
     assert code == 0, err
@@ -206,10 +210,7 @@ def test_train_with_camera_noise_records_it_and_refuses_gray(tmp_path, rng, run_
 
 
 def test_train_with_rank_supervision_logs_l_n_and_refuses_detection(tmp_path, rng, run_cli):
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(3):
-        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    data = _colour_pngs(tmp_path / "data", rng)
     common = [*TINY_TRAIN, "--steps", "2", "--log-every", "1", "--val-count", "1", "--ood-samples", "0", "-q"]
     code, _, err = run_cli(
         "train", "--data", data, "--out", tmp_path / "run", "--rank-supervision", "100", "--device", "cpu", *common

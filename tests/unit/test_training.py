@@ -120,19 +120,26 @@ def test_patch_precision_gives_each_patch_the_gradient_of_its_log_error():
     np.testing.assert_allclose(grad.numpy(), expected.numpy(), rtol=1e-5)
 
 
-def test_training_loss_applies_patch_precision_to_l_sup_only():
+def _denoise_loss_parts(clean: torch.Tensor, sigma: float, variants: dict) -> tuple:
+    """A tiny gray model's training-loss parts on ``clean`` + AWGN for each {key: LossWeights}, all on the same
+    sampled A, B, S (seeded), and that sample's decomposition for checking them."""
     torch.manual_seed(0)
     m = InDeed(tiny_config(1)).eval()
-    clean = torch.rand(3, 1, 32, 32)
-    noisy, sig = add_noise(clean, 75, 0.0, torch.Generator().manual_seed(0))
-    targets = {"clean": clean, "sigma": sig}
+    noisy, sig = add_noise(clean, sigma, 0.0, torch.Generator().manual_seed(0))
     parts = {}
-    for cap in (0.0, 20.0):
+    for key, weights in variants.items():
         torch.manual_seed(1)
-        _, parts[cap] = training_loss(m, noisy, targets, "denoise", LossWeights(patch_precision=cap), m.cfg.priors)
+        _, parts[key] = training_loss(m, noisy, {"clean": clean, "sigma": sig}, "denoise", weights, m.cfg.priors)
     torch.manual_seed(1)
     with torch.no_grad():
         d = m(noisy, sample=True).float()
+    return m, parts, d
+
+
+def test_training_loss_applies_patch_precision_to_l_sup_only():
+    clean = torch.rand(3, 1, 32, 32)
+    variants = {cap: LossWeights(patch_precision=cap) for cap in (0.0, 20.0)}
+    _, parts, d = _denoise_loss_parts(clean, 75, variants)
     from indeed_cli.tasks.training import patch_precision_weights
 
     per_patch = P.denoise_supervision_loss(d.L_hat, d.S_hat, clean, LossWeights().sigma0) / clean[0].numel()
@@ -144,18 +151,9 @@ def test_training_loss_applies_patch_precision_to_l_sup_only():
 
 def test_training_loss_adds_rank_supervision_only_when_asked():
     torch.manual_seed(0)
-    m = InDeed(tiny_config(1)).eval()
     clean = torch.rand(2, 1, 32, 1) * torch.rand(2, 1, 1, 32)  # rank 1: fewer than the untrained model's n
-    noisy, sig = add_noise(clean, 25, 0.0, torch.Generator().manual_seed(0))
-    targets = {"clean": clean, "sigma": sig}
-    parts = {}
-    for w in (0.0, 3.0):
-        torch.manual_seed(1)
-        _, parts[w] = training_loss(m, noisy, targets, "denoise", LossWeights(rank_sup=w), m.cfg.priors)
+    m, parts, d = _denoise_loss_parts(clean, 25, {w: LossWeights(rank_sup=w) for w in (0.0, 3.0)})
     assert "rank_sup" not in parts[0.0]
-    torch.manual_seed(1)
-    with torch.no_grad():
-        d = m(noisy, sample=True).float()
     _, beta = P.gamma_posterior(d.mu_A, d.sigma_A, d.mu_B, d.sigma_B, m.cfg.priors)
     n_star = P.energy_rank(clean, cap=m.cfg.rank).clamp_min(1)
     expected = 3.0 * float(P.rank_supervision_loss(beta, n_star).mean())
