@@ -161,23 +161,25 @@ def test_training_loss_adds_rank_supervision_only_when_asked():
     assert parts[3.0]["sup"] == pytest.approx(parts[0.0]["sup"], rel=1e-6)
 
 
-def test_denoise_batch_computes_the_clean_ranks_beside_the_model():
+def test_ranked_batches_are_the_same_batches_with_their_own_clean_ranks():
+    """RankedBatches draws one batch ahead: it returns make_batch's batches in their order, each with the SVD
+    ranks of its own first RANK_PATCHES clean patches."""
     from indeed_cli.tasks.training import TrainConfig
-    from indeed_cli.tasks.training.batches import denoise_batch
+    from indeed_cli.tasks.training.batches import RANK_PATCHES, RankedBatches, denoise_batch
     from indeed_cli.tasks.training.data import PatchSampler
 
-    gen = torch.Generator().manual_seed(0)
     images = [torch.rand(3, 40, 48) for _ in range(2)]
-    sampler = PatchSampler(images, 32, torch.device("cpu"), gen)
-    _, targets = denoise_batch(sampler, 4, TrainConfig(patch=32), gen)
-    assert "rank" not in targets
-    _, targets = denoise_batch(sampler, 4, TrainConfig(patch=32, losses=LossWeights(rank_sup=1.0)), gen)
-    assert torch.equal(targets["rank"].result(), P.energy_rank(targets["clean"]))
-    from indeed_cli.tasks.training.batches import RANK_PATCHES
+    tc = TrainConfig(patch=32, losses=LossWeights(rank_sup=1.0))
 
-    n = RANK_PATCHES + 3  # only the first RANK_PATCHES patches get a rank (and l_n)
-    _, targets = denoise_batch(sampler, n, TrainConfig(patch=32, losses=LossWeights(rank_sup=1.0)), gen)
-    assert torch.equal(targets["rank"].result(), P.energy_rank(targets["clean"][:RANK_PATCHES]))
+    def batches(make, count):
+        gen = torch.Generator().manual_seed(0)
+        sampler = PatchSampler(images, 32, torch.device("cpu"), torch.Generator().manual_seed(1))
+        return [make(sampler, RANK_PATCHES + 3, tc, gen) for _ in range(count)]
+
+    plain, ranked = batches(denoise_batch, 3), batches(RankedBatches(denoise_batch), 3)
+    for (y0, t0), (y1, t1) in zip(plain, ranked, strict=True):
+        assert torch.equal(y0, y1) and torch.equal(t0["clean"], t1["clean"]) and "rank" not in t0
+        assert torch.equal(t1["rank"].result(), P.energy_rank(t0["clean"][:RANK_PATCHES]))
 
 
 def test_rank_supervision_needs_a_denoiser():

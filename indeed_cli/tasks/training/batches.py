@@ -14,11 +14,11 @@ from .config import TrainConfig
 from .data import PatchSampler
 from .noise import add_noise
 
-# one worker: the clean patches' SVD ranks for l_n (--rank-supervision) on the CPU, while the forward pass runs
+# one worker: the clean patches' SVD ranks for l_n (--rank-supervision) on the CPU, while the GPU trains
 _RANKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="indeed-rank")
 # l_n is computed on this many patches of each batch (the first ones; patches are drawn at random): 16
-# colour patches take about 30 ms on one CPU core, less than an H100's training step of 64, all 64 four
-# times that (and a GPU is slower still)
+# colour patches take about 30 ms on one CPU core, about an H200's training step of 64; all 64 four
+# times that (and a GPU is slower still: it solves the 128x128 problems one at a time)
 RANK_PATCHES = 16
 
 
@@ -43,10 +43,44 @@ def denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Gen
             # the noise level a camera patch is weighted by (noise_level_weights): its RMS noise
             sigma = sigma.to(clean.device).clone()
             sigma[cam] = (cam_noisy - reference).pow(2).mean((1, 2, 3)).sqrt()
-    targets = {"clean": clean, "sigma": sigma}
-    if tc.losses.rank_sup > 0:
-        targets["rank"] = _RANKS.submit(energy_rank, clean[:RANK_PATCHES].detach().to("cpu"))
-    return noisy, targets
+    return noisy, {"clean": clean, "sigma": sigma}
+
+
+def _rank_when_ready(clean: torch.Tensor, ready: torch.cuda.Event | None) -> torch.Tensor:
+    if ready is not None:
+        ready.synchronize()  # the copy from the GPU has landed
+    return energy_rank(clean)
+
+
+class RankedBatches:
+    """``make_batch`` for rank supervision (``--rank-supervision``): the batches of ``make_batch`` drawn one
+    step ahead, each with ``targets["rank"]``, a future of the SVD ranks of its first ``RANK_PATCHES`` clean
+    patches (:func:`~indeed_cli.model.posteriors.energy_rank`), computed on the CPU while the GPU trains on
+    the batch before (the loss needs them before its backward pass, so computing them for the same step
+    stalled it: half the step rate on an H200).  The random streams run one batch ahead of the steps, so
+    a resumed run skips the batch that was drawn ahead when it stopped."""
+
+    def __init__(self, make_batch: Callable):
+        self.make_batch = make_batch
+        self.ahead: tuple | None = None
+
+    def __call__(self, sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):
+        if self.ahead is None:
+            self.ahead = self._draw(sampler, n, tc, gen)
+        batch, self.ahead = self.ahead, self._draw(sampler, n, tc, gen)
+        return batch
+
+    def _draw(self, sampler, n, tc, gen):
+        noisy, targets = self.make_batch(sampler, n, tc, gen)
+        clean = targets["clean"][:RANK_PATCHES].detach()
+        if clean.is_cuda:  # an asynchronous copy: the main thread goes on queueing the step
+            host = torch.empty(clean.shape, dtype=clean.dtype, pin_memory=True)
+            host.copy_(clean, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host, ready = clean.clone(), None
+        return noisy, {**targets, "rank": _RANKS.submit(_rank_when_ready, host, ready)}
 
 
 def detect_batch_fn(textures: list[torch.Tensor] | None = None, anomaly_cfg=None) -> Callable:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ...model import InDeed, ModelConfig, load_checkpoint, save_checkpoint
 from ...model.checkpoint import load_support_features
 from ...model.config import FINE_TUNE_FIELDS
-from .batches import denoise_batch
+from .batches import RankedBatches, denoise_batch
 from .config import TrainConfig, lr_at
 from .data import PatchSampler
 from .objective import training_loss
@@ -146,6 +146,8 @@ def _train(
     sampler = PatchSampler(train_images, tc.patch, dev, gen, pad_small=tc.task == "detect")
     use_bf16 = tc.precision == "bf16" or (tc.precision == "auto" and dev.type == "cuda")
     make_batch = make_batch or denoise_batch
+    if tc.losses.rank_sup > 0:
+        make_batch = RankedBatches(make_batch)
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     run_facts = {
         **(facts or {}),

@@ -63,8 +63,8 @@ def patch_precision_weights(sup: torch.Tensor, cap: float) -> torch.Tensor:
 
 def clean_rank(targets: dict) -> torch.Tensor:
     """The clean patches' SVD rank (k, C) for l_n, of the first k <= N patches: ``targets["rank"]`` (a
-    tensor, or a future that :func:`~indeed_cli.tasks.training.batches.denoise_batch` computes on the
-    CPU while the model runs), else computed here from all of ``targets["clean"]``."""
+    tensor, or a future that :class:`~indeed_cli.tasks.training.batches.RankedBatches` computes on the
+    CPU while the model trains on the batch before), else computed here from all of ``targets["clean"]``."""
     r = targets.get("rank")
     if r is None:
         return P.energy_rank(targets["clean"])
