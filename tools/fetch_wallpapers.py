@@ -106,6 +106,16 @@ def write_downscaled(src: Path, dst: Path) -> tuple[tuple[int, int], tuple[int, 
         return im.size, size
 
 
+def _command_error(cmd: list[str], cwd: Path | None = None) -> str:
+    """Run ``cmd``; "" when it succeeded, else one line saying what failed."""
+    try:
+        got = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    except OSError as e:
+        return f"cannot run {cmd[0]} ({e.strerror}); it needs a Debian or Ubuntu system"
+    last = (got.stderr.strip().splitlines() or [""])[-1]
+    return f"{' '.join(cmd[:2])} failed: {last}" if got.returncode else ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--out", required=True, type=Path, help="a new folder for the PNGs")
@@ -118,9 +128,9 @@ def main() -> int:
         debs = a.debs or Path(tmp) / "debs"
         if a.debs is None:
             debs.mkdir()
-            got = subprocess.run(["apt-get", "download", *WALLPAPERS], cwd=debs, capture_output=True, text=True)
-            if got.returncode:
-                print(f"error: apt-get download failed: {got.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            failed = _command_error(["apt-get", "download", *WALLPAPERS], cwd=debs)
+            if failed:
+                print(f"error: {failed}", file=sys.stderr)
                 return 1
         rows, missing = [], []
         part = Path(tmp) / "part"
@@ -131,7 +141,10 @@ def main() -> int:
                 missing.append(f"{package} (no .deb in {debs})")
                 continue
             root = Path(tmp) / package
-            subprocess.run(["dpkg-deb", "-x", str(deb[-1]), str(root)], check=True)
+            failed = _command_error(["dpkg-deb", "-x", str(deb[-1]), str(root)])
+            if failed:
+                print(f"error: {failed}", file=sys.stderr)
+                return 1
             for name in names:
                 src = find_photograph(root, name)
                 if src is None:

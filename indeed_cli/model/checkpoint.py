@@ -224,13 +224,12 @@ def read_feature_trunk(path: str | Path, name: str) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"feature weights not found: {path}")
     meta = _safetensors_metadata(path, "file")
+    if meta.get("format") != FEATURES_FORMAT or meta.get("name") != name:  # before reading any tensor
+        raise CheckpointError(f"{path} holds no {name} feature weights (its name: {meta.get('name')!r})")
     try:
-        state = load_file(str(path))
+        return load_file(str(path))
     except (SafetensorsError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"feature weights are unreadable: {path} ({str(e).splitlines()[0][:120]})") from None
-    if meta.get("format") != FEATURES_FORMAT or meta.get("name") != name:
-        raise CheckpointError(f"{path} holds no {name} feature weights (its name: {meta.get('name')!r})")
-    return state
 
 
 def load_support_features(model: InDeed, path: str | Path) -> None:

@@ -233,9 +233,10 @@ def energy_rank(U: Tensor, energy: float = 0.999, cap: int = 0) -> Tensor:
     rank 0.
 
     The squared singular values are the eigenvalues of the Gram matrix U U^T (of the shorter side),
-    in float64 with numpy on the CPU: GPUs solve 128x128 eigenproblems one by one (0.5 s for a batch
-    of 64 colour patches on an H200, 10x a training step), and numpy's single-threaded LAPACK is
-    about twice as fast as torch's here (training computes it beside the GPU's forward pass)."""
+    in float64 with numpy on the CPU: GPUs solve 128x128 problems one by one (with the SVDs of a batch
+    of 64 colour patches on an H200 a training step took 0.57 s instead of 0.036 s), and numpy's
+    single-threaded LAPACK was about twice as fast as torch's on a 2-core AMD EPYC (training computes
+    it one batch ahead, :class:`~indeed_cli.tasks.training.batches.RankedBatches`)."""
     X = U.detach().to("cpu", torch.float64).numpy()
     if X.shape[-2] > X.shape[-1]:
         X = X.swapaxes(-1, -2)

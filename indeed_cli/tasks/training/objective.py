@@ -80,6 +80,7 @@ def training_loss(
     """
     d = model(Y, sample=True).float()
     terms = P.elbo_terms(d, Y.float(), priors)
+    rank_sup = None
     if task == "denoise":
         sup = P.denoise_supervision_loss(d.L_hat, d.S_hat, targets["clean"], weights.sigma0, weights.lowrank_sup)
         if weights.sigma0_noise_ref > 0:
@@ -94,7 +95,7 @@ def training_loss(
         sup = P.anomaly_supervision_loss(d.L_hat, d.S_hat, targets["normal"], targets["anomaly"], weights.sigma0)
     per_px = float(Y[0].numel())
     parts = {"sup": sup.mean() / per_px, "orth": weights.tau * terms["orth"].mean() / per_px}
-    if task == "denoise" and weights.rank_sup > 0:
+    if rank_sup is not None:
         parts["rank_sup"] = rank_sup.mean()  # already a mean over components: no per-pixel scale
     if d.support_logit is not None:
         z = P.support_target(targets["mask"].to(Y.device), targets["anomaly"])
