@@ -78,7 +78,8 @@ def test_denoise_file_and_folder(run_cli, imgs, tmp_path, ckpt_paths):
 
 def test_glob_input(run_cli, imgs, tmp_path, ckpt_paths):
     code, _, err = run_cli("denoise", str(imgs / "*.png"), "-o", tmp_path / "g", "-w", ckpt_paths[3])
-    assert code == 0, err and len(list((tmp_path / "g").iterdir())) == 2
+    assert code == 0, err
+    assert len(list((tmp_path / "g").iterdir())) == 2
 
 
 def test_refuses_existing_output_and_input_overwrite(run_cli, imgs, tmp_path, ckpt_paths):
@@ -165,7 +166,8 @@ def test_16bit_colour_with_alpha_through_denoise(run_cli, tmp_path, rng, ckpt_pa
 
 def test_gray_model_runs_on_colour_image(run_cli, imgs, tmp_path, ckpt_paths):
     code, _, err = run_cli("denoise", imgs / "a.png", "-o", tmp_path / "o.png", "-w", ckpt_paths[1])
-    assert code == 0, err and Image.open(tmp_path / "o.png").mode == "RGB"
+    assert code == 0, err
+    assert Image.open(tmp_path / "o.png").mode == "RGB"
 
 
 def test_decompose_writes_everything_and_identity_holds(run_cli, imgs, tmp_path, ckpt_paths):
