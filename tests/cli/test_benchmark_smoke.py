@@ -70,7 +70,10 @@ def test_denoise_benchmark_splits_flat_images_and_keeps_each_image(tmp_path, rng
 
 def test_rank_agreement_helpers():
     sys.path.insert(0, str(BENCH))
-    from lowrank import energy_count, spearman, svd_rank
+    from lowrank import decompose_tile_ranks, energy_count, spearman, svd_rank
+
+    from indeed_cli import InferenceOptions
+    from indeed_cli.inference.tiling import TileGrid
 
     assert energy_count([5.0, 0.0, 3.0, 2.0], 0.8) == 2 and energy_count([1.0, 1.0, 1.0, 1.0], 0.999) == 4
 
@@ -81,6 +84,17 @@ def test_rank_agreement_helpers():
     low = r.standard_normal((256, 3)) @ r.standard_normal((3, 256))  # rank 3 in every 128 x 128 tile
     assert svd_rank(low[None]) == 3.0
     assert svd_rank(r.standard_normal((1, 128, 128))) > 100  # noise needs almost every component
+
+    # the tiles n is read on: overlapping, over the whole image, reflected at its borders (rank kept)
+    opts = InferenceOptions()
+    img = np.stack([r.standard_normal((200, 2)) @ r.standard_normal((2, 300)), r.standard_normal((200, 300))])
+    ranks = decompose_tile_ranks(img, opts)
+    assert ranks.shape == (*TileGrid(200, 300, opts.tile, opts.overlap).shape, 2) == (3, 4, 2)
+    assert (ranks[..., 0] == 2).all() and (ranks[..., 1] > 80).all()  # reflected borders repeat rows
+    half = img[:1].copy()
+    half[:, :, 150:] = r.standard_normal((1, 200, 150))  # right half noise: the right tiles' rank rises
+    ranks = decompose_tile_ranks(half, opts)[..., 0]
+    assert ranks[:, 0].max() == 2 and ranks[:, -1].min() > 80
 
 
 def test_lowrank_and_speed_benchmarks(tmp_path, rng, ckpt_paths):
