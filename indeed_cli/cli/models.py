@@ -46,8 +46,8 @@ def models_cmd(
 
 
 def _default(jobs: list[str]) -> str:
-    """Which jobs a bundled file is the default of: denoise, adapt, both (denoise and adapt), detect."""
-    return "both" if {"denoise", "adapt"} <= set(jobs) else ", ".join(jobs)
+    """Which jobs a bundled file is the default of: denoise, decompose, adapt, all (the three), detect."""
+    return "all" if {"denoise", "decompose", "adapt"} <= set(jobs) else ", ".join(jobs)
 
 
 def _threshold(row: dict) -> str:

@@ -22,7 +22,7 @@ Weights = Annotated[
         metavar="CHECKPOINT",
         help="Checkpoint: bundled name (color-fullchroma, color, gray, ...), a .safetensors path, or "
         "hf://owner/repo/file.safetensors@revision. Default: the bundled model for the image's channels "
-        "(colour: color-fullchroma to denoise, color to adapt).",
+        "(colour: color-fullchroma to denoise, color-rank to decompose, color to adapt).",
     ),
 ]
 Device = Annotated[str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")]

@@ -62,7 +62,8 @@ def load_model(
 ) -> Checkpoint:
     """Resolve ``weights`` (path, bundled name, hf:// reference or default) and load it.  Without
     ``weights``, ``job="adapt"`` loads the default model to adapt from (``color`` for colour images),
-    ``job="denoise"`` the default denoiser (``color-fullchroma``); docs/checkpoints.md."""
+    ``job="decompose"`` the default model of ``indeed decompose`` (``color-rank``, whose rank index follows
+    the image), ``job="denoise"`` the default denoiser (``color-fullchroma``); docs/checkpoints.md."""
     return load_checkpoint(resolve_weights(weights, channels, task, job), resolve_device(device))
 
 

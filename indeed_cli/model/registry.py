@@ -2,9 +2,10 @@
 
 Resolution order of a ``--weights`` value (docs/checkpoints.md):
   1. empty / "default": the bundled checkpoint for the image's channel count and the job
-     (``DEFAULTS``: colour images are denoised with "color-fullchroma" and adapted from "color");
-  2. a bundled name ("color", "gray", "color-fullchroma", "color-camera", "magnetic-tile", or a
-     file stem in weights/);
+     (``DEFAULTS``: colour images are denoised with "color-fullchroma", decomposed with
+     "color-rank" and adapted from "color");
+  2. a bundled name ("color", "gray", "color-fullchroma", "color-rank", "color-camera",
+     "magnetic-tile", or a file stem in weights/);
   3. "hf://owner/repo/path/file.safetensors[@revision]": huggingface_hub download
      (uses the local cache; honours HF_HUB_OFFLINE);
   4. a local file path.
@@ -28,14 +29,20 @@ BUNDLED_FULLCHROMA = "indeed-denoise-color-fullchroma.safetensors"
 # color-fullchroma fine-tuned with half its patches under camera noise (indeed train --camera-noise):
 # for photographs straight from a camera; a little below the others on Gaussian noise (weights/README.md)
 BUNDLED_CAMERA = "indeed-denoise-color-camera.safetensors"
+# color-fullchroma fine-tuned with rank supervision (indeed train --rank-supervision): its rank index n
+# follows the image's SVD rank, for 0.01-0.05 dB of denoising (weights/README.md)
+BUNDLED_RANK = "indeed-denoise-color-rank.safetensors"
 # frozen ImageNet trunks that f_thetaM may read (model.features), by ModelConfig.support_features name
 BUNDLED_FEATURES = {"efficientnet-lite0": "features/efficientnet-lite0.safetensors"}
 # the default checkpoint per job and channel count.  Colour images are denoised with the full-chroma
 # model (equal or better on AWGN almost everywhere, +0.8 dB on full-chroma photographs) but adapted
 # from `color`: InDeedAG and InDeedOAG gain on real camera noise from it and not from the
-# full-chroma fine-tunes (docs/reports/2026-11-27-flat-images.md; weights/README.md)
+# full-chroma fine-tunes (docs/reports/2026-11-27-flat-images.md; weights/README.md), and decomposed with
+# the rank-supervised model, whose rank index n says something about the image (the reason to
+# decompose) at a cost of 0.01-0.05 dB that denoising need not pay (docs/reports/2026-11-28-rank-full-data.md)
 DEFAULTS = {
     "denoise": {1: BUNDLED[1], 3: BUNDLED_FULLCHROMA},
+    "decompose": {1: BUNDLED[1], 3: BUNDLED_RANK},
     "adapt": {1: BUNDLED[1], 3: BUNDLED[3]},
 }
 # the name `indeed models` shows for each bundled file: the shortest one --weights takes
@@ -44,6 +51,7 @@ SHORT_NAMES = {
     BUNDLED[3]: "color",
     BUNDLED_FULLCHROMA: "color-fullchroma",
     BUNDLED_CAMERA: "color-camera",
+    BUNDLED_RANK: "color-rank",
     BUNDLED_DETECT: "magnetic-tile",
 }
 BUNDLED_NAMES = {
@@ -55,6 +63,8 @@ BUNDLED_NAMES = {
     "colour-fullchroma": BUNDLED_FULLCHROMA,
     "color-camera": BUNDLED_CAMERA,
     "colour-camera": BUNDLED_CAMERA,
+    "color-rank": BUNDLED_RANK,
+    "colour-rank": BUNDLED_RANK,
     "magnetic-tile": BUNDLED_DETECT,
 }
 
@@ -131,7 +141,7 @@ def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
 
 def resolve_weights(spec: str | None, channels: int | None = None, task: str = "denoise", job: str = "denoise") -> Path:
     """Turn a ``--weights`` value into a local checkpoint path (see module docstring).  ``task`` is the
-    checkpoint's task (denoise, detect); ``job`` picks the default denoiser (denoise, adapt)."""
+    checkpoint's task (denoise, detect); ``job`` picks the default denoiser (denoise, decompose, adapt)."""
     wdir = weights_dir()
     if not spec or spec == "default":
         name = BUNDLED_DETECT if task == "detect" else DEFAULTS[job].get(channels or 3)
@@ -157,7 +167,7 @@ def resolve_weights(spec: str | None, channels: int | None = None, task: str = "
 
 
 def default_jobs(filename: str) -> list[str]:
-    """The jobs (denoise, adapt, detect) a bundled file is the default checkpoint of."""
+    """The jobs (denoise, decompose, adapt, detect) a bundled file is the default checkpoint of."""
     jobs = [job for job, by_channels in DEFAULTS.items() if filename in by_channels.values()]
     return jobs + (["detect"] if filename == BUNDLED_DETECT else [])
 

@@ -116,7 +116,7 @@ def decompose_folder(
     require_folder(output, "--output")
     plans = [outputs_for(output, n, with_panel) for n in input_names(inputs, paths, recursive)]
     paths, plans, skipped = skip_done(paths, plans, skip_existing, force, shard)
-    models = ModelCache(weights, device)
+    models = ModelCache(weights, device, job="decompose")  # colour: color-rank, whose n follows the image
     progress.start(len(paths))
 
     def steps() -> Iterator[Product | Outcome]:

@@ -237,8 +237,8 @@ class OrderedWriter:
 
 
 class ModelCache:
-    """Loads each checkpoint once; picks the bundled model by channel count and ``job`` (denoise or
-    adapt, :data:`~indeed_cli.model.registry.DEFAULTS`) when no weights are named.
+    """Loads each checkpoint once; picks the bundled model by channel count and ``job`` (denoise,
+    decompose or adapt, :data:`~indeed_cli.model.registry.DEFAULTS`) when no weights are named.
     ``weights`` may also be a loaded :class:`Checkpoint`, used for every image."""
 
     def __init__(

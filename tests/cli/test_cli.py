@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,6 +189,29 @@ def test_decompose_writes_everything_and_identity_holds(run_cli, imgs, tmp_path,
     assert line["rank_index"] == meta["rank_index"]
     # decompose refuses to overwrite its own outputs without --force
     assert run_cli("decompose", imgs / "a.png", "-o", d, "-w", ckpt_paths[3])[0] == 2
+
+
+def test_decompose_defaults_to_the_rank_model(run_cli, imgs, tmp_path, monkeypatch):
+    """Colour images are decomposed with color-rank (its rank index follows the image) and denoised
+    with color-fullchroma; named weights serve both."""
+    from conftest import tiny_model
+
+    from indeed_cli.model import registry as R
+    from indeed_cli.model import save_checkpoint
+
+    wdir = tmp_path / "w"
+    for name in (R.BUNDLED_FULLCHROMA, R.BUNDLED_RANK):
+        save_checkpoint(wdir / name, tiny_model(3))
+    monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(wdir))
+    code, out, err = run_cli("decompose", imgs / "a.png", "-o", tmp_path / "dec", "--json")
+    assert code == 0, err
+    assert Path(json.loads(out.splitlines()[0])["weights"]).name == R.BUNDLED_RANK
+    code, out, err = run_cli("decompose", imgs / "a.png", "-o", tmp_path / "dec2", "--json", "-w", "color-fullchroma")
+    assert code == 0, err
+    assert Path(json.loads(out.splitlines()[0])["weights"]).name == R.BUNDLED_FULLCHROMA
+    code, out, err = run_cli("denoise", imgs / "a.png", "-o", tmp_path / "o.png", "--json")
+    assert code == 0, err
+    assert Path(json.loads(out.splitlines()[0])["weights"]).name == R.BUNDLED_FULLCHROMA
 
 
 def test_models_lists_bundled(run_cli):

@@ -141,16 +141,21 @@ def test_resolution_order(tmp_path, monkeypatch):
     assert R.resolve_weights("color-fullchroma", 3, job="adapt") == full  # a named model wins
     cam = C.save_checkpoint(tmp_path / R.BUNDLED_CAMERA, tiny_model(3))
     assert R.resolve_weights("colour-camera") == cam and R.resolve_weights(None, 3) == full
+    # colour images are decomposed with the rank-supervised model; gray ones with the gray model
+    rank = C.save_checkpoint(tmp_path / R.BUNDLED_RANK, tiny_model(3))
+    assert R.resolve_weights(None, 3, job="decompose") == rank == R.resolve_weights("color-rank")
+    assert R.resolve_weights(None, 1, job="decompose") == gray and R.resolve_weights(None, 3) == full
     with pytest.raises(C.CheckpointError, match="neither a file nor a bundled name"):
         R.resolve_weights("nope")
     rows = R.list_checkpoints(include_cache=False)
-    assert {r["name"] for r in rows} == {"gray", "color", "color-fullchroma", "color-camera"}  # --weights names
+    assert {r["name"] for r in rows} == {"gray", "color", "color-fullchroma", "color-camera", "color-rank"}
     assert all(R.resolve_weights(r["name"]) == Path(r["path"]) for r in rows)
     defaults = {r["name"]: r["default_for"] for r in rows}
     assert defaults == {
-        "gray": ["denoise", "adapt"],
+        "gray": ["denoise", "decompose", "adapt"],
         "color": ["adapt"],
         "color-fullchroma": ["denoise"],
+        "color-rank": ["decompose"],
         "color-camera": [],
     }
 
@@ -158,7 +163,7 @@ def test_resolution_order(tmp_path, monkeypatch):
 def test_bundled_weights_load():
     """The shipped defaults exist, load, and say what they are."""
     for c in (1, 3):
-        for job in ("denoise", "adapt"):
+        for job in ("denoise", "decompose", "adapt"):
             ck = C.load_checkpoint(R.resolve_weights(None, c, job=job))
             assert ck.config.channels == c and ck.config.task == "denoise"
             assert ck.training.get("steps", 0) > 0 and "ood" in ck.extra
