@@ -57,16 +57,19 @@ def spearman(a, b) -> float:
 
 def svd_rank(x: np.ndarray, tile: int = 128, energy: float = 0.999) -> float:
     """Median over the non-overlapping tile x tile tiles of each channel of ``x`` (C, h, w) of the
-    number of singular values that hold ``energy`` of the tile's squared Frobenius norm."""
-    ranks = []
+    number of singular values that hold ``energy`` of the tile's squared Frobenius norm
+    (:func:`~indeed_cli.model.posteriors.energy_rank`)."""
+    import torch
+
+    from indeed_cli.model.posteriors import energy_rank
+
     tile = min(tile, *x.shape[1:])  # a small image is one tile
-    for ch in x:
-        for y in range(0, ch.shape[0] - tile + 1, tile):
-            for x0 in range(0, ch.shape[1] - tile + 1, tile):
-                sv = np.linalg.svd(ch[y : y + tile, x0 : x0 + tile].astype(np.float64), compute_uv=False)
-                e = np.cumsum(sv**2) / max(float((sv**2).sum()), 1e-12)
-                ranks.append(int(np.searchsorted(e, energy)) + 1)
-    return float(np.median(ranks))
+    tiles = [
+        x[:, y : y + tile, x0 : x0 + tile]
+        for y in range(0, x.shape[1] - tile + 1, tile)
+        for x0 in range(0, x.shape[2] - tile + 1, tile)
+    ]
+    return float(np.median(energy_rank(torch.from_numpy(np.stack(tiles).astype(np.float64)), energy).numpy()))
 
 
 def decompose_tile_ranks(x: np.ndarray, opts) -> np.ndarray:
