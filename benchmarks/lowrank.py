@@ -29,11 +29,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from indeed_cli import InferenceOptions, decompose, load_model  # noqa: E402
+from indeed_cli.inference.tiling import TileGrid  # noqa: E402
 from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr  # noqa: E402
+from indeed_cli.model.posteriors import energy_rank  # noqa: E402
 from indeed_cli.pipelines.decompose import DECOMPOSE_OVERLAP  # noqa: E402
 
 
@@ -59,10 +62,6 @@ def svd_rank(x: np.ndarray, tile: int = 128, energy: float = 0.999) -> float:
     """Median over the non-overlapping tile x tile tiles of each channel of ``x`` (C, h, w) of the
     number of singular values that hold ``energy`` of the tile's squared Frobenius norm
     (:func:`~indeed_cli.model.posteriors.energy_rank`)."""
-    import torch
-
-    from indeed_cli.model.posteriors import energy_rank
-
     tile = min(tile, *x.shape[1:])  # a small image is one tile
     tiles = [
         x[:, y : y + tile, x0 : x0 + tile]
@@ -76,11 +75,6 @@ def decompose_tile_ranks(x: np.ndarray, opts) -> np.ndarray:
     """The clean SVD rank (:func:`~indeed_cli.model.posteriors.energy_rank`, the count that training's
     rank supervision uses) of each tile and channel that ``indeed decompose`` reads the rank index n on:
     (tiles_y, tiles_x, C), in the layout of ``decompose(...).tiles["rank_index"]``."""
-    import torch
-
-    from indeed_cli.inference.tiling import TileGrid
-    from indeed_cli.model.posteriors import energy_rank
-
     image = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     grid = TileGrid(x.shape[1], x.shape[2], opts.tile, opts.overlap)
     tiles = torch.stack([grid.cut(image, y, x0) for y, x0 in grid.positions()])
@@ -99,8 +93,6 @@ READOUTS = ("n (t = 1%)", "n (t = 0.1%)", "n (t = 10%)", "energy rank of compone
 
 def tile_readouts(ck, clean: np.ndarray, noisy: np.ndarray, tile: int = 128) -> list[dict]:
     """Per non-overlapping tile and channel: the clean SVD rank and each of READOUTS."""
-    import torch
-
     from indeed_cli.model import posteriors as P
 
     C, h, w = clean.shape
