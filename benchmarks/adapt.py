@@ -327,9 +327,12 @@ def main() -> None:
     )
     ap.add_argument("--steps", type=int, default=None, help="default: 20 for ag-*, 12 for oag (the CLI defaults)")
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-5 for ag-*, 3e-5 for oag (the CLI defaults)")
-    ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change)
+    ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change, help="trust region; 0: none")
+    ap.add_argument(
+        "--noise-bound", type=float, default=None, help="discrepancy bound; 0: none (default: ag-* none, oag 1.25)"
+    )
     ap.add_argument("--patience", type=int, default=None, help="default: 0 (never) for ag-*, 6 for oag")
-    ap.add_argument("--keep", default=None, choices=["best", "latest"], help="weights kept (AG: latest, OAG: best)")
+    ap.add_argument("--keep", default=None, choices=["best", "latest", "last"], help="kept (AG: latest, OAG: last)")
     ap.add_argument("--eval-every", type=int, default=AdaptConfig.eval_every)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--infer-precision", default=None, help="inference precision (default: --precision)")
@@ -376,6 +379,7 @@ def main() -> None:
             steps=a.steps,
             lr=a.lr,
             max_change=a.max_change,
+            noise_bound=a.noise_bound,
             patience=a.patience,
             keep=a.keep,
             precision=a.precision,

@@ -53,9 +53,22 @@ def adapt_cmd(
     max_change: Annotated[
         float,
         typer.Option(
-            "--max-change", metavar="RMS", help="Trust region: stop when L + S has moved this much (RMS, 8-bit units)."
+            "--max-change",
+            metavar="RMS",
+            min=0.0,
+            help="Trust region: stop when L + S has moved this much (RMS, 8-bit units); 0: none.",
         ),
     ] = AdaptConfig.max_change,
+    noise_bound: Annotated[
+        float | None,
+        typer.Option(
+            "--noise-bound",
+            metavar="K",
+            min=0.0,
+            help="Stop when the removed noise N exceeds K times the noise level estimated from the image "
+            "(the discrepancy principle); 0: no bound (default 1.25 for oag, none for ag).",
+        ),
+    ] = None,
     noise_precision: Annotated[
         str,
         typer.Option(
@@ -111,6 +124,7 @@ def adapt_cmd(
         lr=lr,
         patience=patience,
         max_change=max_change,
+        noise_bound=noise_bound,
         noise_precision=noise_precision,
         precision=run.precision,
         group=group,

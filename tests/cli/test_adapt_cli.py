@@ -60,7 +60,14 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
     lines = [json.loads(x) for x in out.splitlines() if x.strip()]
     assert [r["adapted_together"] for r in lines] == [2, 2] and all(r["adapt_seconds"] > 0 for r in lines)
     assert (tmp_path / "o2" / "a.png").exists() and (tmp_path / "o2" / "b.png").exists()
+    from indeed_cli.io import read_image
+    from indeed_cli.tasks.adaptation.noise_level import block_noise_sigma
+
+    for r in lines:  # the noise level that bounded each image's N, estimated from that image
+        assert abs(r["noise_sigma"] - block_noise_sigma(read_image(r["image"]).data)) < 1e-6
     assert run_cli("adapt", d, "--mode", "xx", "-o", tmp_path / "o3")[0] == 2
+    code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o4", "--noise-bound", "-1")
+    assert code == 2 and "noise-bound" in err and not (tmp_path / "o4").exists()
 
 
 def test_adapt_denoised_only_writes_just_the_image(run_cli, tmp_path, rng, ckpt_paths):

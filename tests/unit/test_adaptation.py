@@ -108,7 +108,7 @@ def test_grouped_adaptations_match_separate_ones(rng):
     ]
     imgs = [x.astype(np.float32) for x in imgs]
     cfg = AdaptConfig(modules="S", steps=6, lr=1e-4, eval_every=1, patience=2, max_change=1.5, sample=False,
-                      decide="always")  # fmt: skip
+                      decide="always", noise_bound=0.0, keep="best")  # fmt: skip
     together = adapt_each(ck, [[x] for x in imgs], replace(cfg, group=4), tile=32)  # {0,1,2,3} and {4}
     alone = [adapt_each(ck, [[x]], replace(cfg, group=1), tile=32)[0] for x in imgs]
     assert all(a.best_step > 0 for a in alone)  # the weights really moved
@@ -208,7 +208,7 @@ def test_default_step_limit_depends_on_the_mode(rng):
     from indeed_cli.tasks.adaptation import AG_STEPS, OAG_STEPS
 
     ck = _ckpt()
-    cfg = AdaptConfig(eval_every=1, patience=100, max_change=1e9, train_stride=16, decide="always")  # no early stop
+    cfg = AdaptConfig(eval_every=1, patience=100, max_change=1e9, train_stride=16, decide="always", noise_bound=0.0)
     ag = adapt(ck, _images(rng), cfg, tile=32)
     oag = adapt_each(ck, [[x] for x in _images(rng)[:1]], cfg, tile=32)[0]
     assert ag.checkpoint.training["adapted"]["steps"] == AG_STEPS and len(ag.history) == AG_STEPS + 1
@@ -238,7 +238,7 @@ def test_keep_latest_follows_an_objective_that_rises_before_it_falls():
         rule.update({"step": step, "loss": loss, "abs_N": 0.01, "change": 1.0})
     assert rule.best_step == 0 and rule.stop == "no improvement"
     with pytest.raises(ValueError, match="keep"):
-        AdaptConfig(keep="last").check()
+        AdaptConfig(keep="first").check()
 
 
 def test_ag_runs_all_its_steps_when_the_objective_stays_above_the_start_for_long():
@@ -339,3 +339,68 @@ def test_decide_defaults_depend_on_the_mode(rng):
     for r in oag:  # an image whose first evaluation moved little kept the starting weights
         moved = r.history[1]["change"] >= r.history[0]["rms_N"]
         assert r.stop != "small first change" if moved else (r.stop == "small first change" and r.best_step == 0)
+
+
+def test_block_noise_sigma_reads_the_noise_of_the_flat_blocks():
+    """A smooth image plus AWGN of sigma 10 (8-bit): the 25th percentile of 8 x 8 block variances
+    is close to the noise variance (a little below it: chi-square quantile); structure adds to it;
+    clipped blocks (saturation, zero variance) are left out instead of pulling it to 0."""
+    from indeed_cli.tasks.adaptation.noise_level import block_noise_sigma, pooled_noise_sigma
+
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:128, 0:128] / 128.0
+    smooth = np.stack([0.3 + 0.3 * xx, 0.4 + 0.2 * yy, 0.5 - 0.2 * xx * yy])
+    noisy = smooth + rng.normal(0, 10 / 255, smooth.shape)
+    est = block_noise_sigma(noisy)
+    assert 8.5 < est < 10.5
+    assert block_noise_sigma(smooth) < 1.5  # the gradient inside a block
+    stripes = smooth + 0.2 * (np.arange(128) % 4 < 2)[None, None, :]  # fine structure in every block
+    assert block_noise_sigma(stripes + rng.normal(0, 10 / 255, smooth.shape)) > 2 * est
+    half_white = noisy.copy()
+    half_white[:, :, :64] = 1.0
+    assert abs(block_noise_sigma(half_white) - est) < 1.5
+    assert block_noise_sigma(np.zeros((1, 4, 4))) == 0.0
+    pooled = pooled_noise_sigma([noisy, 0.5 * noisy])
+    assert pooled == pytest.approx(np.sqrt((est**2 + block_noise_sigma(0.5 * noisy) ** 2) / 2))
+
+
+def test_noise_bound_stops_when_N_passes_the_noise_level():
+    """The discrepancy rule: evaluations whose RMS of N is above noise_bound x the estimated noise
+    level end the adaptation, and the last evaluation inside the bounds is kept ("last")."""
+    from indeed_cli.tasks.adaptation import EarlyStopping
+
+    start = {"step": 0, "loss": -5.0, "abs_N": 1.0, "change": 0.0, "rms_N": 1.0}
+    cfg = AdaptConfig(decide="always", max_change=0.0, noise_bound=1.25, keep="last")
+    rule = EarlyStopping.start(cfg, start, noise_sigma=2.0)
+    assert rule.max_rms_N == pytest.approx(2.5)
+    assert rule.update({"step": 2, "loss": -4.0, "abs_N": 1.2, "change": 50.0, "rms_N": 2.4})  # loss above start
+    assert rule.running and rule.best_step == 2  # kept: "last" does not ask the objective; no trust region
+    assert not rule.update({"step": 4, "loss": -9.0, "abs_N": 1.3, "change": 60.0, "rms_N": 2.6})
+    assert rule.stop == "noise level" and rule.best_step == 2
+    unbounded = EarlyStopping.start(replace(cfg, noise_bound=0.0), start, noise_sigma=2.0)
+    assert unbounded.max_rms_N is None
+    assert unbounded.update({"step": 2, "loss": -4.0, "abs_N": 1.2, "change": 50.0, "rms_N": 99.0})
+    latest = EarlyStopping.start(replace(cfg, keep="latest"), start, noise_sigma=2.0)
+    assert not latest.update({"step": 2, "loss": -4.0, "abs_N": 1.2, "change": 0.5, "rms_N": 2.4})
+    with pytest.raises(ValueError, match="noise_bound"):
+        replace(cfg, noise_bound=-1.0).check()
+    with pytest.raises(ValueError, match="max_change"):
+        replace(cfg, max_change=-1.0).check()
+
+
+def test_oag_and_ag_bounds_by_default(rng):
+    """OAG: noise bound and trust region, keep "last"; AG: trust region, no noise bound.  The noise
+    level an adaptation was bounded by is recorded with it."""
+    from indeed_cli.tasks.adaptation.config import AG_DEFAULTS, OAG_DEFAULTS, with_defaults
+    from indeed_cli.tasks.adaptation.noise_level import block_noise_sigma
+
+    oag, ag = with_defaults(AdaptConfig(), OAG_DEFAULTS), with_defaults(AdaptConfig(), AG_DEFAULTS)
+    assert (oag.max_change, oag.noise_bound, oag.keep) == (2.5, 1.25, "last")
+    assert (ag.max_change, ag.noise_bound, ag.keep) == (2.5, 0.0, "latest")
+    ck = _ckpt()
+    imgs = _images(rng)
+    cfg = AdaptConfig(steps=2, lr=1e-3, eval_every=1, decide="always")
+    for im, r in zip(imgs, adapt_each(ck, [[x] for x in imgs], cfg, tile=32)):
+        assert r.checkpoint.training["adapted"]["noise_sigma"] == pytest.approx(block_noise_sigma(im))
+        assert r.checkpoint.training["adapted"]["noise_bound"] == 1.25
+    assert adapt(ck, imgs, cfg, tile=32).checkpoint.training["adapted"]["noise_sigma"] is None

@@ -35,6 +35,7 @@ from .config import (
     default_precision,
     with_defaults,
 )
+from .noise_level import pooled_noise_sigma
 from .objective import adaptation_objective, lowrank_factors, take
 from .stopping import EarlyStopping
 
@@ -103,7 +104,8 @@ def adapt_each(
             cfg.train_stride and cfg.train_stride < tile
         ):  # overlapping training tiles (off: docs/reports/2026-11-26-adaptation.md)
             pool = tiles_of(images, tile, cfg.max_tiles, gen, cfg.train_stride).to(device)
-        jobs.append({"pool": pool, "eval": eval_set, "gen": gen, "batch": min(cfg.batch, len(pool))})
+        sigma = pooled_noise_sigma(images) if cfg.noise_bound else None  # the discrepancy bound's noise level
+        jobs.append({"pool": pool, "eval": eval_set, "gen": gen, "batch": min(cfg.batch, len(pool)), "sigma": sigma})
     group = cfg.group or default_group(device)
     by_shape: dict[tuple, list[int]] = {}
     for i, j in enumerate(jobs):  # entries batch together when their tensors have the same shapes
@@ -113,6 +115,7 @@ def adapt_each(
             chunk = members[c : c + group]
             outcome = _adapt_group(model, names, frozen, [jobs[i] for i in chunk], cfg, log)
             for i, (best, history, best_step, stop) in zip(chunk, outcome):
+                sigma = jobs[i]["sigma"]
                 adapted = copy.deepcopy(model)
                 with torch.no_grad():
                     for n, v in best.items():
@@ -125,6 +128,7 @@ def adapt_each(
                         **asdict(cfg),
                         "best_step": best_step,
                         "stop": stop,
+                        "noise_sigma": sigma,
                         "loss_curve": history,
                     },
                 }
@@ -265,7 +269,7 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
 
     start, X0 = evaluate()
     history = [[{"step": 0, **s}] for s in start]
-    rules = [EarlyStopping.start(cfg, s) for s in start]
+    rules = [EarlyStopping.start(cfg, s, j["sigma"]) for s, j in zip(start, jobs)]
     ranks = _ranks() if K == 1 else None  # one adaptation shared by the ranks of a process group
     for step in range(1, cfg.steps + 1):
         idx = torch.stack([torch.randint(len(jobs[k]["pool"]), (b,), generator=jobs[k]["gen"]) for k in alive])

@@ -2,11 +2,16 @@
 
 Every ``eval_every`` steps the objective and the output L + S are evaluated with the posterior
 means on a fixed set of tiles.  An adaptation stops
-  - when the output has moved more than ``max_change`` (RMS, 8-bit units) from the output of
-    the starting weights: the trust region that bounds how far the network's function (its
+  - when the output has moved more than ``max_change`` (RMS, 8-bit units; 0: never) from the
+    output of the starting weights: the trust region that bounds how far the network's function (its
     Lipschitz behaviour, in the paper's words) may drift; the objective keeps falling beyond
     it while the image is being smoothed away;
   - after ``patience`` evaluations without improvement of the objective (0: never; AG's default);
+  - when the RMS of N = Y - L - S exceeds ``noise_bound`` times the noise level estimated from
+    the images themselves (:mod:`.noise_level`; 0: never): the discrepancy principle, Eq.
+    (discrepancy bound) in docs/model.md.  Removing more than the noise removes image: on real
+    camera noise OAG's PSNR peaked when N reached about the noise the plain model had left in,
+    and fell after while the objective still improved (docs/reports/2026-11-28-adaptation-noise-level.md);
   - on a non-finite loss, or on collapse (mean |N| below ``collapse_ratio`` of its start);
   - with ``decide="change"``, at the first evaluation when the output has moved by less than
     FIRST_CHANGE_RATIO times the RMS of the starting residual N: the starting weights are kept.
@@ -14,12 +19,14 @@ means on a fixed set of tiles.  An adaptation stops
     a fraction of its residual and go on to smooth the image; where it misreads the noise as
     signal (real camera noise), they move it by several times its residual
     (docs/reports/2026-11-27-adaptation-decision.md).
-The weights kept (``keep``) are the best evaluated ones inside the trust region ("best"), or the
+The weights kept (``keep``) are the best evaluated ones inside the bounds ("best"), the
 latest evaluated ones whose objective is no worse than the starting weights' ("latest"; patience
-then counts evaluations above the start); the starting weights if none qualifies: adaptation
-never makes the objective worse than where it started.  "latest" exists because InDeedAG's
-objective rises for its first steps and only then falls below the start, while the image keeps
-improving (docs/reports/2026-11-27-adaptation-heavy-noise.md).
+then counts evaluations above the start), or the last evaluated ones inside the bounds ("last",
+OAG's default: there the noise bound, not the objective, guards the image); with "best" and
+"latest" the starting weights if none qualifies, so that adaptation never makes the objective
+worse than where it started.  "latest" exists because InDeedAG's objective rises for its first
+steps and only then falls below the start, while the image keeps improving
+(docs/reports/2026-11-27-adaptation-heavy-noise.md).
 """
 
 from __future__ import annotations
@@ -48,14 +55,17 @@ class EarlyStopping:
     first_change: float | None = None
     start_rms_N: float = 0.0
     evaluations: int = 0
+    max_rms_N: float | None = None  # noise_bound x the estimated noise level (8-bit RMS); None: no bound
 
     @classmethod
-    def start(cls, cfg: AdaptConfig, first: dict) -> EarlyStopping:
-        """The rule for an adaptation whose evaluation at step 0 gave ``first`` (loss, abs_N, rms_N)."""
+    def start(cls, cfg: AdaptConfig, first: dict, noise_sigma: float | None = None) -> EarlyStopping:
+        """The rule for an adaptation whose evaluation at step 0 gave ``first`` (loss, abs_N, rms_N),
+        on images whose estimated noise level is ``noise_sigma`` (8-bit units; None: not bounded)."""
         keep = cfg.keep or "best"
         ratio = FIRST_CHANGE_RATIO if cfg.decide == "change" else None
+        bound = cfg.noise_bound * noise_sigma if cfg.noise_bound and noise_sigma is not None else None
         return cls(cfg.max_change, cfg.patience or 0, cfg.collapse_ratio, first["abs_N"], first["loss"], keep=keep,
-                   first_change=ratio, start_rms_N=first.get("rms_N", 0.0))  # fmt: skip
+                   first_change=ratio, start_rms_N=first.get("rms_N", 0.0), max_rms_N=bound)  # fmt: skip
 
     @property
     def running(self) -> bool:
@@ -72,10 +82,15 @@ class EarlyStopping:
             and (rec["change"] < self.first_change * self.start_rms_N)
         ):
             self.stop = "small first change"
-        elif rec["change"] > self.max_change:
+        elif self.max_change and rec["change"] > self.max_change:
             self.stop = "trust region"
+        elif self.max_rms_N is not None and rec["rms_N"] > self.max_rms_N:
+            self.stop = "noise level"
         elif rec["abs_N"] < self.collapse_ratio * self.start_abs_N:
             self.stop = "collapse"
+        elif self.keep == "last":  # every evaluation inside the bounds
+            self.best_step, self.bad = rec["step"], 0
+            return True
         elif self.keep == "latest" and rec["loss"] <= self.best:  # best stays the start's objective
             self.best_step, self.bad = rec["step"], 0
             return True
