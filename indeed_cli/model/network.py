@@ -256,8 +256,19 @@ class InDeed(nn.Module):
         self.support = SupportModule(cfg) if cfg.support_width else None
 
     def detached_copy(self, dtype: torch.dtype = torch.float32) -> InDeed:
-        """A deep copy in ``dtype`` with weights of its own (adaptation, bf16 inference)."""
-        return copy.deepcopy(self).to(dtype)
+        """A deep copy in ``dtype`` with weights of its own (adaptation, bf16 inference).
+
+        Each floating-point weight is cast once into the copy (``deepcopy(self).to(dtype)`` copied
+        it and then cast it again): OAG makes one such copy per adapted image for bf16 inference."""
+        memo: dict[int, object] = {}
+        for t in (*self.parameters(), *self.buffers()):
+            if id(t) in memo:
+                continue
+            new = t.detach().to(dtype) if t.is_floating_point() else t.detach()
+            if new.data_ptr() == t.data_ptr():  # same dtype: .to() returned the tensor itself
+                new = new.clone()
+            memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
+        return copy.deepcopy(self, memo)
 
     def modules_for(self, which: str) -> list[nn.Module]:
         """The modules InDeedAG may fine-tune: 'S', 'L' or 'LS' (paper §3.5)."""

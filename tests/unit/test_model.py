@@ -99,3 +99,26 @@ def test_variational_q_of_B_replaces_f_theta_B_and_balances_the_factors():
     assert torch.allclose(dv.L_hat, low_rank(dv.mu_A, dv.mu_B), atol=1e-6)
     # L is the noisy input's projection onto q(A)'s kept columns: closer to Y than f_thetaB's
     assert (dv.L_hat - Y).square().mean() < (dn.L_hat - Y).square().mean()
+
+
+def test_detached_copy_casts_once_and_owns_its_weights():
+    """detached_copy(dtype) equals deepcopy(model).to(dtype), shares no storage with the model,
+    and keeps which weights are trainable (a detector's frozen feature trunk stays frozen)."""
+    import copy
+
+    from indeed_cli.model import ModelConfig
+    from indeed_cli.model.network import InDeed
+
+    model = InDeed(ModelConfig(channels=1, task="detect", sparse_input="residual", sparse_width=8, lowrank_width=8,
+                               support_width=8, support_features="efficientnet-lite0"))  # fmt: skip
+    for dtype in (torch.bfloat16, torch.float32):
+        fast, slow = model.detached_copy(dtype), copy.deepcopy(model).to(dtype)
+        a, b = fast.state_dict(), slow.state_dict()
+        assert a.keys() == b.keys()
+        assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+        own = {p.data_ptr() for p in (*model.parameters(), *model.buffers())}
+        assert not own & {p.data_ptr() for p in (*fast.parameters(), *fast.buffers())}
+        assert [p.requires_grad for p in fast.parameters()] == [p.requires_grad for p in model.parameters()]
+    with torch.no_grad():
+        next(fast.parameters()).add_(1.0)
+    assert not torch.equal(next(fast.parameters()), next(model.parameters()))
