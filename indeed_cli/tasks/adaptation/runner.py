@@ -115,7 +115,6 @@ def adapt_each(
             chunk = members[c : c + group]
             outcome = _adapt_group(model, names, frozen, [jobs[i] for i in chunk], cfg, log)
             for i, (best, history, best_step, stop) in zip(chunk, outcome):
-                sigma = jobs[i]["sigma"]
                 adapted = copy.deepcopy(model)
                 with torch.no_grad():
                     for n, v in best.items():
@@ -128,7 +127,7 @@ def adapt_each(
                         **asdict(cfg),
                         "best_step": best_step,
                         "stop": stop,
-                        "noise_sigma": sigma,
+                        "noise_sigma": jobs[i]["sigma"],
                         "loss_curve": history,
                     },
                 }
