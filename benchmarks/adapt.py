@@ -41,7 +41,7 @@ from indeed_cli.metrics import (  # noqa: E402
     psnr,
     ssim,
 )
-from indeed_cli.tasks.adaptation import AdaptConfig, adapt, adapt_each, default_group  # noqa: E402
+from indeed_cli.tasks.adaptation import AdaptConfig, adapt, adapt_each, default_group, oag_readout  # noqa: E402
 from indeed_cli.tasks.camera_noise import camera_pair, parse_noise  # noqa: E402
 from indeed_cli.tasks.ood import image_ood_score  # noqa: E402
 
@@ -140,8 +140,10 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
             results = adapt_each(ck, [[y] for _, y, _ in chunk], acfg)
             sync(device)
             t_adapt = time.perf_counter() - t
+            readout = oag_readout(opts, ck_device(ck))
             outs = [
-                denoise(res.checkpoint, y, opts, pixel_shuffle=pixel_shuffle) for (_, y, _), res in zip(chunk, results)
+                denoise(res.checkpoint, y, readout, pixel_shuffle=pixel_shuffle)
+                for (_, y, _), res in zip(chunk, results)
             ]
             sync(device)
             per_image = (time.perf_counter() - t) / len(chunk)  # amortised over the chunk

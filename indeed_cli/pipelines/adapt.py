@@ -18,7 +18,15 @@ import torch.distributed as tdist
 from ..inference import InferenceOptions, as_model_channels, decompose, denoise_with_stats
 from ..io import ImageError, atomic_save, read_image, write_image
 from ..model import Checkpoint, save_checkpoint
-from ..tasks.adaptation import AG_STEPS, AdaptConfig, AdaptResult, adapt, adapt_images, default_group
+from ..tasks.adaptation import (
+    AG_STEPS,
+    AdaptConfig,
+    AdaptResult,
+    adapt,
+    adapt_images,
+    default_group,
+    oag_readout,
+)
 from .decompose import outputs_for, write_decomposition
 from .inputs import UsageError, check_targets, expand_inputs, input_names, require_folder, take_shard
 from .runner import ModelCache, Outcome, Product, Progress, run_ordered
@@ -176,7 +184,8 @@ def _steps(
             )
         seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
         for (src, img, files), res, n_together in zip(items, results, together):
-            yield _product(src, img, files, res, mode, cfg, opts, seconds, n_together, denoised_only)
+            readout = opts if shared else oag_readout(opts, models.device)
+            yield _product(src, img, files, res, mode, cfg, readout, seconds, n_together, denoised_only)
 
 
 def _max_score(scores: Sequence[float | None]) -> float | None:

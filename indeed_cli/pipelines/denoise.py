@@ -24,7 +24,7 @@ from ..inference import (
 )
 from ..io import JPEG_QUALITY, ImageError, check_output_format, write_image
 from ..model import Checkpoint, CheckpointError
-from ..tasks.adaptation import AdaptConfig, adapt_images, default_group
+from ..tasks.adaptation import AdaptConfig, adapt_images, default_group, oag_readout
 from ..tasks.ood import ood_features, ood_report
 from .inputs import expand_inputs, input_names, pixel_shuffle_setting, plan_outputs
 from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
@@ -135,7 +135,8 @@ def _steps(
         share = (time.perf_counter() - t0) / len(pending)
         for item, res in zip(pending, results):
             t1 = time.perf_counter()
-            out = denoise(res.checkpoint, item["img"], opts, clip=False, pixel_shuffle=item["stride"])
+            readout = oag_readout(opts, models.device)
+            out = denoise(res.checkpoint, item["img"], readout, clip=False, pixel_shuffle=item["stride"])
             item["seconds"] += share + time.perf_counter() - t1
             yield product(item, out, res)
         pending.clear()

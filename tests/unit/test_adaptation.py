@@ -122,6 +122,37 @@ def test_grouped_adaptations_match_separate_ones(rng):
     assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith("sparse."))
 
 
+def test_oag_results_share_only_the_frozen_weights(rng):
+    """Each OAG result owns its adapted module's weights and shares the frozen module's with the
+    other results of its call (no copy per image), which stay equal to the starting weights."""
+    ck = _ckpt(3)
+    imgs = [rng.random((3, 40, 36)).astype(np.float32) for _ in range(3)]
+    cfg = AdaptConfig(modules="S", steps=4, lr=1e-4, eval_every=1, max_change=0.0, sample=False, decide="always",
+                      noise_bound=0.0, keep="last", group=2)  # fmt: skip
+    res = adapt_each(ck, [[x] for x in imgs], cfg, tile=32)
+    models = [r.checkpoint.model for r in res]
+    start = ck.model.state_dict()
+    for name, p in models[0].named_parameters():
+        ptrs = {dict(m.named_parameters())[name].data_ptr() for m in models}
+        if name.startswith("lowrank."):
+            assert len(ptrs) == 1 and torch.equal(p, start[name])
+            assert p.data_ptr() != ck.model.get_parameter(name).data_ptr()  # not the caller's own tensor
+        else:
+            assert len(ptrs) == len(models)
+    assert all(r.best_step > 0 for r in res)  # the adapted weights really moved
+    assert any(not torch.equal(models[0].get_parameter(k), start[k]) for k in start if k.startswith("sparse."))
+
+
+def test_oag_readout_is_fp32_on_a_gpu_only():
+    from indeed_cli.inference import InferenceOptions
+    from indeed_cli.tasks.adaptation import oag_readout
+
+    opts = InferenceOptions(precision="bf16", tile=64)
+    assert oag_readout(opts, torch.device("cuda")) == InferenceOptions(precision="fp32", tile=64)
+    assert oag_readout(opts, torch.device("cpu")) is opts
+    assert oag_readout(InferenceOptions(precision="auto"), torch.device("cuda")).precision == "fp32"
+
+
 def test_cached_lowrank_factors_give_the_same_objective(rng):
     """Adapting f_thetaS reuses the frozen low-rank module's outputs, computed once per tile
     (in batches of another size); the objective and L + S must be those of a full pass, also

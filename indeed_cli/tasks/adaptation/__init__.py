@@ -12,6 +12,7 @@ from .config import (
     AdaptResult,
     default_group,
     default_precision,
+    oag_readout,
 )
 from .objective import adaptation_objective, lowrank_factors
 from .runner import adapt, adapt_each, adapt_images, tiles_of
@@ -34,5 +35,6 @@ __all__ = [
     "default_group",
     "default_precision",
     "lowrank_factors",
+    "oag_readout",
     "tiles_of",
 ]

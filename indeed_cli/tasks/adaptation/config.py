@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ...inference import native_bf16
+from ...inference import InferenceOptions, native_bf16
 from ...model import Checkpoint
 
 # Learning rates measured for the shipped colour model (docs/reports/2026-11-26-adaptation.md): one
@@ -135,6 +135,8 @@ class AdaptResult:
     # are meant for the images it used, the others keep the starting weights
     ood_scores: list[float | None] | None = None
     adapted_images: list[bool] | None = None
+    # InDeedOAG's results share the weights of the modules they did not adapt (read-only: changing
+    # one in place changes them all); each holds its adapted module's weights of its own.
 
 
 def with_defaults(cfg: AdaptConfig, defaults: dict) -> AdaptConfig:
@@ -151,3 +153,17 @@ def default_group(device: torch.device) -> int:
     """Adaptations run at once when AdaptConfig.group is unset: batching pays on a GPU (32 was
     the fastest of 1-64 per image on an H100, docs/results.md) and costs ~10% on a CPU."""
     return 32 if device.type == "cuda" else 1
+
+
+def oag_readout(opts: InferenceOptions, device: torch.device) -> InferenceOptions:
+    """The inference options an InDeedOAG result is read out with: fp32 on a GPU, ``opts`` elsewhere.
+
+    An OAG result's weights serve one image, so a bf16 read-out needs a bf16 copy of the network
+    per image (``network_for``), and on a GPU that copy costs more than bf16 saves: on an NVIDIA
+    H200, a 512x512 colour image took 11.1 ms to read out in fp32 and in bf16 alike, and the copy
+    13-14 ms (docs/reports/2026-11-28-oag-readout.md).  On a CPU with AMX bf16 halves the read-out
+    (0.34 s against 0.86 s, docs/results.md) for a 6 ms copy, so the requested precision stays.
+    The adaptation itself still runs in ``AdaptConfig.precision``."""
+    if device.type == "cuda" and opts.precision != "fp32":
+        return replace(opts, precision="fp32")
+    return opts
