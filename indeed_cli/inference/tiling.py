@@ -109,8 +109,12 @@ class TileGrid:
         return reflect_index(np.arange(self.width_ext) - self.margin, self.w)
 
     def cut(self, image: Tensor, y: int, x: int) -> Tensor:
-        """The tile at (y, x) of a (C, h, w) image, reflected where it leaves the image."""
-        cols = reflect_index(np.arange(x, x + self.tile) - self.margin, self.w)
+        """The tile at (y, x) of a (C, h, w) image, reflected where it leaves the image: a view of
+        the image where the tile lies inside it (most tiles; indexing copies), a copy elsewhere."""
+        y0, x0, t = y - self.margin, x - self.margin, self.tile
+        if 0 <= y0 and y0 + t <= self.h and 0 <= x0 and x0 + t <= self.w:
+            return image[:, y0 : y0 + t, x0 : x0 + t]
+        cols = reflect_index(np.arange(x, x + t) - self.margin, self.w)
         return image[:, torch.from_numpy(self.rows(y))][:, :, torch.from_numpy(cols)]
 
     def coverage(self, starts: list[int], length: int) -> Tensor:

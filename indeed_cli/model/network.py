@@ -270,6 +270,19 @@ class InDeed(nn.Module):
             memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
         return copy.deepcopy(self, memo)
 
+    def with_parameters(self, values: dict[str, Tensor]) -> InDeed:
+        """This network with the named weights replaced by copies of ``values`` (in each weight's
+        dtype and memory layout), sharing every submodule that holds none of them.
+
+        InDeedOAG returns one network per image that differ only in the adapted module: a deep copy
+        per image cost more host time than the adaptation's GPU work (Python's deepcopy walked all
+        108 modules), and memory for 32 copies of the frozen weights.  The shared parts remain this
+        network's: treat the result as read-only."""
+        unknown = set(values) - {n for n, _ in self.named_parameters()}
+        if unknown:
+            raise KeyError(f"no such weights: {sorted(unknown)}")
+        return _with_parameters(self, values, "")
+
     def modules_for(self, which: str) -> list[nn.Module]:
         """The modules InDeedAG may fine-tune: 'S', 'L' or 'LS' (paper §3.5)."""
         table = {"S": [self.sparse], "L": [self.lowrank], "LS": [self.lowrank, self.sparse]}
@@ -306,3 +319,23 @@ class InDeed(nn.Module):
             mu_L = low_rank(mu_A, mu_B) if sample else L_hat
             logit = self.support(Y, mu_L.detach(), mu_S.detach())
         return Decomposition(mu_A, sigma_A, mu_B, sigma_B, mu_S, sigma_S, A_hat, B_hat, L_hat, S_hat, logit)
+
+
+def _with_parameters(module: nn.Module, values: dict[str, Tensor], prefix: str) -> nn.Module:
+    """:meth:`InDeed.with_parameters` for ``module`` at ``prefix``: ``module`` itself when it holds
+    none of ``values``, else a shallow copy with its own parameter, buffer and child tables."""
+    if not any(k.startswith(prefix) for k in values):
+        return module
+    new = copy.copy(module)  # shares the attribute values, so the three tables are replaced below
+    params = {}
+    for k, p in module._parameters.items():
+        if p is not None and prefix + k in values:
+            with torch.no_grad():
+                p = nn.Parameter(torch.empty_like(p).copy_(values[prefix + k]), requires_grad=p.requires_grad)
+        params[k] = p
+    new._parameters = params
+    new._buffers = dict(module._buffers)
+    new._modules = {
+        k: None if c is None else _with_parameters(c, values, f"{prefix}{k}.") for k, c in module._modules.items()
+    }
+    return new

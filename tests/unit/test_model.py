@@ -122,3 +122,32 @@ def test_detached_copy_casts_once_and_owns_its_weights():
     with torch.no_grad():
         next(fast.parameters()).add_(1.0)
     assert not torch.equal(next(fast.parameters()), next(model.parameters()))
+
+
+def test_with_parameters_replaces_the_named_weights_and_shares_the_rest():
+    """with_parameters(values) equals a deep copy with those weights copied in, keeps each weight's
+    memory layout, owns the new weights, shares the untouched submodules, and leaves the model as it was."""
+    import copy
+
+    model = tiny_model(3).to(memory_format=torch.channels_last)
+    names = [n for n, _ in model.sparse.named_parameters(prefix="sparse")]
+    values = {n: torch.randn_like(model.get_parameter(n)).contiguous() for n in names}  # another layout
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    new = model.with_parameters(values)
+    slow = copy.deepcopy(model)
+    with torch.no_grad():
+        for n, v in values.items():
+            slow.get_parameter(n).copy_(v)
+    a, b = new.state_dict(), slow.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for n in names:
+        mine, old = new.get_parameter(n), model.get_parameter(n)
+        assert mine.data_ptr() != old.data_ptr() and mine.data_ptr() != values[n].data_ptr()
+        assert mine.stride() == old.stride() and isinstance(mine, torch.nn.Parameter)
+    assert new.lowrank is model.lowrank and new.sparse is not model.sparse
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    y = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(new(y).S_hat, slow(y).S_hat)
+    with pytest.raises(KeyError, match="no such weights"):
+        model.with_parameters({"sparse.nothing": torch.zeros(1)})

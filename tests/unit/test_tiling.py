@@ -247,3 +247,18 @@ def test_removed_noise_correlation_tells_white_from_demosaiced_noise():
     # a 2x2 box over white noise: neighbours share half their terms, lag-1 correlation 1/2 both ways
     boxed = (white[:, 1:, 1:] + white[:, :-1, 1:] + white[:, 1:, :-1] + white[:, :-1, :-1]) / 4
     assert abs(removed_noise_correlation(boxed, np.zeros_like(boxed)) - 0.5) < 0.03
+
+
+@pytest.mark.parametrize("h,w,tile,overlap", [(37, 31, 16, 4), (64, 64, 32, 0), (90, 100, 32, 8)])
+def test_cut_is_a_view_inside_the_image_and_reflects_outside(h, w, tile, overlap):
+    """Every tile equals the reflected indexing of the image; those inside the image are views of it."""
+    img = torch.rand(2, h, w)
+    g = TileGrid(h, w, tile, overlap)
+    views = 0
+    for y, x in g.positions():
+        cols = reflect_index(np.arange(x, x + tile) - g.margin, w)
+        expect = img[:, torch.from_numpy(g.rows(y))][:, :, torch.from_numpy(cols)]
+        got = g.cut(img, y, x)
+        assert torch.equal(got, expect)
+        views += got.untyped_storage().data_ptr() == img.untyped_storage().data_ptr()
+    assert views > 0

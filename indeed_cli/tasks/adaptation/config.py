@@ -135,8 +135,8 @@ class AdaptResult:
     # are meant for the images it used, the others keep the starting weights
     ood_scores: list[float | None] | None = None
     adapted_images: list[bool] | None = None
-    # InDeedOAG's results share the weights of the modules they did not adapt (read-only: changing
-    # one in place changes them all); each holds its adapted module's weights of its own.
+    # InDeedOAG's results share the modules they did not adapt (InDeed.with_parameters; read-only:
+    # changing one in place changes them all); each holds its adapted module's weights of its own.
 
 
 def with_defaults(cfg: AdaptConfig, defaults: dict) -> AdaptConfig:

@@ -115,13 +115,7 @@ def adapt_each(
             chunk = members[c : c + group]
             outcome = _adapt_group(model, names, frozen, [jobs[i] for i in chunk], cfg, log)
             for i, (best, history, best_step, stop) in zip(chunk, outcome):
-                # the frozen weights are shared by every result (a copy per image cost time and memory
-                # for a group of 32); only the adapted module's weights are the result's own
-                adapted = copy.deepcopy(model, {id(t): t for t in frozen.values()})
-                with torch.no_grad():
-                    for n, v in best.items():
-                        adapted.get_parameter(n).copy_(v)
-                adapted.eval()
+                adapted = model.with_parameters(best).eval()  # shares the frozen modules
                 training = {
                     **ckpt.training,
                     "adapted": {
