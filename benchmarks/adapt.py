@@ -41,7 +41,15 @@ from indeed_cli.metrics import (  # noqa: E402
     psnr,
     ssim,
 )
-from indeed_cli.tasks.adaptation import AdaptConfig, adapt, adapt_each, default_group, oag_readout  # noqa: E402
+from indeed_cli.tasks.adaptation import (  # noqa: E402
+    AG_MIN_CHANGE_RATIO,
+    AdaptConfig,
+    adapt,
+    adapt_each,
+    choose_output,
+    default_group,
+    oag_readout,
+)
 from indeed_cli.tasks.camera_noise import camera_pair, parse_noise  # noqa: E402
 from indeed_cli.tasks.ood import image_ood_score  # noqa: E402
 
@@ -170,10 +178,16 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
                     }
                 )
         return rows
+    ratio = AG_MIN_CHANGE_RATIO if acfg.min_change_ratio is None else acfg.min_change_ratio
     for (name, y, x), adapted in zip(data, used):
         sync(device)
         t = time.perf_counter()
-        out = denoise(shared if shared and adapted else ck, y, opts, pixel_shuffle=pixel_shuffle)
+        choice = None
+        if shared and adapted and ag_info["best_step"] > 0 and pixel_shuffle == 1:  # the library's per-image choice
+            choice = choose_output(ck, shared, y, ratio, opts)
+            out, adapted = np.clip(choice.output, 0, 1), choice.adapted
+        else:
+            out = denoise(shared if shared and adapted else ck, y, opts, pixel_shuffle=pixel_shuffle)
         sync(device)
         seconds = time.perf_counter() - t  # before the metrics: SSIM of a 512x512 image takes ~0.07 s
         rows.append(
@@ -186,6 +200,7 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
                 "adapt_seconds_total": adapt_s,
                 **ag_info,
                 **({"adapted": adapted and ag_info["best_step"] > 0} if shared else {}),
+                **({"change_ratio": choice.ratio} if choice is not None else {}),
             }
         )
     return rows
@@ -331,6 +346,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-5 for ag-*, 3e-5 for oag (the CLI defaults)")
     ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change, help="trust region; 0: none")
     ap.add_argument(
+        "--min-change-ratio",
+        type=float,
+        default=None,
+        help="ag-*: per image, keep the adapted output only at this change ratio or more; 0: always (default 2.5)",
+    )
+    ap.add_argument(
         "--noise-bound", type=float, default=None, help="discrepancy bound; 0: none (default: ag-* none, oag 1.25)"
     )
     ap.add_argument("--patience", type=int, default=None, help="default: 0 (never) for ag-*, 6 for oag")
@@ -382,6 +403,7 @@ def main() -> None:
             lr=a.lr,
             max_change=a.max_change,
             noise_bound=a.noise_bound,
+            min_change_ratio=a.min_change_ratio,
             patience=a.patience,
             keep=a.keep,
             precision=a.precision,

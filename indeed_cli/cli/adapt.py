@@ -69,6 +69,16 @@ def adapt_cmd(
             "(the discrepancy principle); 0: no bound (default 1.25 for oag, none for ag).",
         ),
     ] = None,
+    min_change_ratio: Annotated[
+        float | None,
+        typer.Option(
+            "--min-change-ratio",
+            metavar="K",
+            min=0.0,
+            help="ag: an image keeps the adapted output only where it changed the image at least K times as much "
+            "as the plain model's removal did, else its plain output; 0: every image adapted (default 2.5).",
+        ),
+    ] = None,
     noise_precision: Annotated[
         str,
         typer.Option(
@@ -125,6 +135,7 @@ def adapt_cmd(
         patience=patience,
         max_change=max_change,
         noise_bound=noise_bound,
+        min_change_ratio=min_change_ratio,
         noise_precision=noise_precision,
         precision=run.precision,
         group=group,

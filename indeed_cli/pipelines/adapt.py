@@ -19,11 +19,14 @@ from ..inference import InferenceOptions, as_model_channels, decompose, denoise_
 from ..io import ImageError, atomic_save, read_image, write_image
 from ..model import Checkpoint, save_checkpoint
 from ..tasks.adaptation import (
+    AG_MIN_CHANGE_RATIO,
     AG_STEPS,
     AdaptConfig,
     AdaptResult,
+    ImageChoice,
     adapt,
     adapt_images,
+    choose_output,
     default_group,
     oag_readout,
 )
@@ -172,12 +175,18 @@ def _steps(
     for c in range(0, len(todo), chunk):
         items = todo[c : c + chunk]
         t0 = time.perf_counter()
+        choice = None
         if shared:
             img = items[0][1]
             adapted, score = decided[id(img)]
             base = models.get(img.channels)
             results = [shared if adapted else AdaptResult(base, [], 0, "in distribution", [score], [False])]
             together = [used if adapted else 1]
+            if adapted and shared.best_step > 0:  # per image: the adapted output or the plain one
+                ratio = AG_MIN_CHANGE_RATIO if cfg.min_change_ratio is None else cfg.min_change_ratio
+                choice = choose_output(base, shared.checkpoint, img, ratio, opts)
+                if not choice.adapted:  # the starting weights, as for an image AG did not adapt on
+                    results = [AdaptResult(base, shared.history, 0, shared.stop, [score], [True])]
         else:  # oag: each image adapted alone with its own channel count's checkpoint, in batched runs
             results, together = adapt_images(
                 [(models.get(img.channels), img.data) for _, img, _ in items], cfg, opts.tile
@@ -185,7 +194,7 @@ def _steps(
         seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
         for (src, img, files), res, n_together in zip(items, results, together):
             readout = opts if shared else oag_readout(opts, models.device)
-            yield _product(src, img, files, res, mode, cfg, readout, seconds, n_together, denoised_only)
+            yield _product(src, img, files, res, mode, cfg, readout, seconds, n_together, denoised_only, choice)
 
 
 def _max_score(scores: Sequence[float | None]) -> float | None:
@@ -219,8 +228,13 @@ def _product(
     seconds: float,
     together: int,
     denoised_only: bool,
+    choice: ImageChoice | None = None,
 ) -> Product:
-    if denoised_only:
+    """``choice``: AG's per-image choice, whose output is ``res``'s (None: not made)."""
+    if choice is not None and denoised_only:
+        dec, out, tiles = None, choice.output, choice.stats
+        nbytes = out.nbytes
+    elif denoised_only:
         dec = None
         out, tiles = denoise_with_stats(res.checkpoint, img, opts)
         nbytes = out.nbytes
@@ -235,6 +249,9 @@ def _product(
         "mode": mode,
         "modules": cfg.modules,
         "adapted": res.best_step > 0,  # weights other than the starting ones were kept
+        # ag: Eq. (AG image choice), the adapted output's change over the plain model's removal; the
+        # adapted output is kept where it is at least --min-change-ratio
+        "change_ratio": None if choice is None or choice.ratio != choice.ratio else round(choice.ratio, 3),
         "ood_score": _max_score(res.ood_scores or []),
         "best_step": res.best_step,
         "stop": res.stop,

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from conftest import tiny_model, write_png
+from PIL import Image
 
 
 def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
@@ -230,3 +231,41 @@ def test_adapt_decides_per_image_from_the_ood_score(run_cli, tmp_path, rng):
     assert code == 0, err
     assert all(json.loads(x)["stop"] != "in distribution" for x in out.splitlines())
     assert run_cli("adapt", d, "-o", tmp_path / "x", "-w", path, "--decide", "never")[0] == 2
+
+
+def test_ag_keeps_the_plain_output_below_the_change_ratio(run_cli, tmp_path, rng, ckpt_paths):
+    """--min-change-ratio: above every image's ratio each keeps the plain model's output (the same
+    file `indeed denoise` writes) and says so; 0 takes the adapted output without computing a ratio."""
+    d = tmp_path / "in"
+    d.mkdir()
+    for n in ("a", "b"):
+        write_png(d / f"{n}.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    common = (
+        "-w",
+        ckpt_paths[3],
+        "--steps",
+        "4",
+        "--lr",
+        "1e-3",
+        "--max-change",
+        "0",
+        "--precision",
+        "fp32",
+        "--denoised-only",
+        "--json",
+        "-q",
+    )
+    code, out, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "plain", "--min-change-ratio", "1e9", *common)
+    assert code == 0, err
+    recs = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert recs and all(r["adapted"] is False for r in recs)
+    assert all(r["change_ratio"] is not None and r["change_ratio"] < 1e9 for r in recs)
+    assert run_cli("denoise", d, "-o", tmp_path / "den", "-w", ckpt_paths[3], "-q")[0] == 0
+    for n in ("a", "b"):
+        got, want = (np.asarray(Image.open(tmp_path / f / f"{n}.png")) for f in ("plain", "den"))
+        np.testing.assert_array_equal(got, want)
+    code, out, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "all", "--min-change-ratio", "0", *common)
+    assert code == 0, err
+    assert all(json.loads(x)["change_ratio"] is None for x in out.splitlines() if x.strip())
+    code, _, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "bad", "--min-change-ratio", "-1")
+    assert code == 2 and "min-change-ratio" in err and not (tmp_path / "bad").exists()

@@ -435,3 +435,29 @@ def test_oag_and_ag_bounds_by_default(rng):
         assert r.checkpoint.training["adapted"]["noise_sigma"] == pytest.approx(block_noise_sigma(im))
         assert r.checkpoint.training["adapted"]["noise_bound"] == 1.25
     assert adapt(ck, imgs, cfg, tile=32).checkpoint.training["adapted"]["noise_sigma"] is None
+
+
+def test_change_ratio_is_the_adapted_change_over_the_plain_removal():
+    from indeed_cli.tasks.adaptation import change_ratio
+
+    plain = np.full((3, 8, 8), 0.5)
+    noisy, adapted = plain + 0.02, plain - 0.06  # RMS 0.02 removed by the plain model, 0.06 moved by AG
+    assert change_ratio(noisy, plain, adapted) == pytest.approx(3.0)
+    assert change_ratio(plain, plain, adapted) == float("inf")
+
+
+def test_choose_output_takes_the_adapted_output_at_or_above_the_ratio(rng):
+    from indeed_cli.inference import denoise_with_stats
+    from indeed_cli.tasks.adaptation import change_ratio, choose_output
+
+    ck = _ckpt(3)
+    res = adapt(ck, _images(rng, 3), AdaptConfig(modules="S", steps=4, lr=1e-2, eval_every=1, sample=False,
+                                                 max_change=0.0), tile=32)  # fmt: skip
+    y = _images(rng, 3)[0]
+    plain, adapted = denoise_with_stats(ck, y)[0], denoise_with_stats(res.checkpoint, y)[0]
+    r = change_ratio(y, plain, adapted)
+    assert 0 < r < float("inf")
+    above, below, off = (choose_output(ck, res.checkpoint, y, k) for k in (r * 0.999, r * 1.001, 0.0))
+    assert above.adapted and np.array_equal(above.output, adapted) and above.ratio == pytest.approx(r)
+    assert not below.adapted and np.array_equal(below.output, plain) and below.ratio == pytest.approx(r)
+    assert off.adapted and np.isnan(off.ratio) and np.array_equal(off.output, adapted)

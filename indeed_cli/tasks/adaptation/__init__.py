@@ -1,9 +1,11 @@
 """Active generalization (paper §3.5): InDeedAG and InDeedOAG fine-tune one module of the network
 on out-of-distribution images with the unsupervised part of the ELBO."""
 
+from .choice import ImageChoice, change_ratio, choose_output
 from .config import (
     AG_DECIDE,
     AG_LR,
+    AG_MIN_CHANGE_RATIO,
     AG_STEPS,
     OAG_DECIDE,
     OAG_LR,
@@ -20,6 +22,7 @@ from .stopping import EarlyStopping
 
 __all__ = [
     "AG_DECIDE",
+    "AG_MIN_CHANGE_RATIO",
     "AG_LR",
     "AG_STEPS",
     "OAG_DECIDE",
@@ -28,10 +31,13 @@ __all__ = [
     "AdaptConfig",
     "AdaptResult",
     "EarlyStopping",
+    "ImageChoice",
     "adapt",
     "adapt_each",
     "adapt_images",
     "adaptation_objective",
+    "change_ratio",
+    "choose_output",
     "default_group",
     "default_precision",
     "lowrank_factors",

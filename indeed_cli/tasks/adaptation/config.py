@@ -58,6 +58,13 @@ FIRST_CHANGE_RATIO = 1.0  # decide="change": stopping.EarlyStopping
 # measured with it).
 OAG_NOISE_BOUND = 1.25
 AG_NOISE_BOUND = 0.0  # 0: no noise bound
+# After AG, per image (choice.choose_output): the adapted output is kept only where it moved the image
+# at least this many times as far as the plain model's removal did (Eq. AG image choice,
+# docs/model.md).  Chosen on development data (docs/reports/2026-11-28-ag-image-choice.md): on PolyU100's
+# scene-dev half the ratio was 2.32-9.78 (AG +1.72 dB), on training crops under synthetic camera
+# noise 0.07-2.12 (AG from -1.74 dB on light noise to +2.92 on medium noise on wallpaper); 2.5 kept
+# +1.66 dB on PolyU and every camera-noise crop plain.  OAG decides per image in its steps instead.
+AG_MIN_CHANGE_RATIO = 2.5
 # The settings left None in AdaptConfig, per mode: adapt() (InDeedAG) and adapt_each() (InDeedOAG)
 AG_DEFAULTS = {
     "lr": AG_LR,
@@ -66,6 +73,7 @@ AG_DEFAULTS = {
     "decide": AG_DECIDE,
     "patience": AG_PATIENCE,
     "noise_bound": AG_NOISE_BOUND,
+    "min_change_ratio": AG_MIN_CHANGE_RATIO,
 }
 OAG_DEFAULTS = {
     "lr": OAG_LR,
@@ -74,6 +82,7 @@ OAG_DEFAULTS = {
     "decide": OAG_DECIDE,
     "patience": OAG_PATIENCE,
     "noise_bound": OAG_NOISE_BOUND,
+    "min_change_ratio": 0.0,
 }
 
 
@@ -94,6 +103,9 @@ class AdaptConfig:
     # None: AG_NOISE_BOUND in adapt(), OAG_NOISE_BOUND otherwise
     noise_bound: float | None = None
     keep: str | None = None  # "best", "latest" or "last" (EarlyStopping); None: AG_KEEP in adapt(), OAG_KEEP otherwise
+    # AG, per image: keep the adapted output only where its change ratio (choice.change_ratio) is at
+    # least this; 0: every image takes the adapted output; None: AG_MIN_CHANGE_RATIO (OAG: 0, unused)
+    min_change_ratio: float | None = None
     collapse_ratio: float = 0.2
     decide: str | None = None  # "change", "ood" or "always"; None: AG_DECIDE in adapt(), OAG_DECIDE otherwise
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
@@ -119,6 +131,8 @@ class AdaptConfig:
             raise ValueError(f"patience must be 0 (never) or more, got {self.patience}")
         if self.noise_bound is not None and self.noise_bound < 0:
             raise ValueError(f"noise_bound must be 0 (no bound) or more, got {self.noise_bound}")
+        if self.min_change_ratio is not None and self.min_change_ratio < 0:
+            raise ValueError(f"min_change_ratio must be 0 (always adapted) or more, got {self.min_change_ratio}")
         if self.max_change < 0:
             raise ValueError(f"max_change must be 0 (no trust region) or more, got {self.max_change}")
         if self.group is not None and self.group < 1:
