@@ -42,7 +42,6 @@ from indeed_cli.metrics import (  # noqa: E402
     ssim,
 )
 from indeed_cli.tasks.adaptation import (  # noqa: E402
-    AG_MIN_CHANGE_RATIO,
     AdaptConfig,
     adapt,
     adapt_each,
@@ -50,6 +49,7 @@ from indeed_cli.tasks.adaptation import (  # noqa: E402
     default_group,
     oag_readout,
 )
+from indeed_cli.tasks.adaptation.config import AG_DEFAULTS, with_defaults  # noqa: E402
 from indeed_cli.tasks.camera_noise import camera_pair, parse_noise  # noqa: E402
 from indeed_cli.tasks.ood import image_ood_score  # noqa: E402
 
@@ -178,13 +178,13 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
                     }
                 )
         return rows
-    ratio = AG_MIN_CHANGE_RATIO if acfg.min_change_ratio is None else acfg.min_change_ratio
+    rules = with_defaults(acfg, AG_DEFAULTS)  # the per-image choice after AG
     for (name, y, x), adapted in zip(data, used):
         sync(device)
         t = time.perf_counter()
         choice = None
         if shared and adapted and ag_info["best_step"] > 0 and pixel_shuffle == 1:  # the library's per-image choice
-            choice = choose_output(ck, shared, y, ratio, opts)
+            choice = choose_output(ck, shared, y, rules.min_change_ratio, rules.image_noise_bound, opts)
             out, adapted = np.clip(choice.output, 0, 1), choice.adapted
         else:
             out = denoise(shared if shared and adapted else ck, y, opts, pixel_shuffle=pixel_shuffle)
@@ -200,7 +200,7 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
                 "adapt_seconds_total": adapt_s,
                 **ag_info,
                 **({"adapted": adapted and ag_info["best_step"] > 0} if shared else {}),
-                **({"change_ratio": choice.ratio} if choice is not None else {}),
+                **({"change_ratio": choice.ratio, "removed_over_noise": choice.removed} if choice is not None else {}),
             }
         )
     return rows
@@ -346,6 +346,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-5 for ag-*, 3e-5 for oag (the CLI defaults)")
     ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change, help="trust region; 0: none")
     ap.add_argument(
+        "--image-noise-bound",
+        type=float,
+        default=None,
+        help="ag-*: per image, keep the adapted output only where it removed at most this many times the "
+        "image's noise level; 0: no bound (default 1.25)",
+    )
+    ap.add_argument(
         "--min-change-ratio",
         type=float,
         default=None,
@@ -404,6 +411,7 @@ def main() -> None:
             max_change=a.max_change,
             noise_bound=a.noise_bound,
             min_change_ratio=a.min_change_ratio,
+            image_noise_bound=a.image_noise_bound,
             patience=a.patience,
             keep=a.keep,
             precision=a.precision,

@@ -79,6 +79,16 @@ def adapt_cmd(
             "as the plain model's removal did, else its plain output; 0: every image adapted (default 2.5).",
         ),
     ] = None,
+    image_noise_bound: Annotated[
+        float | None,
+        typer.Option(
+            "--image-noise-bound",
+            metavar="K",
+            min=0.0,
+            help="ag: ... and only where the adapted output removed at most K times the image's estimated noise "
+            "level; 0: no such bound (default 1.25).",
+        ),
+    ] = None,
     noise_precision: Annotated[
         str,
         typer.Option(
@@ -136,6 +146,7 @@ def adapt_cmd(
         max_change=max_change,
         noise_bound=noise_bound,
         min_change_ratio=min_change_ratio,
+        image_noise_bound=image_noise_bound,
         noise_precision=noise_precision,
         precision=run.precision,
         group=group,

@@ -19,7 +19,6 @@ from ..inference import InferenceOptions, as_model_channels, decompose, denoise_
 from ..io import ImageError, atomic_save, read_image, write_image
 from ..model import Checkpoint, save_checkpoint
 from ..tasks.adaptation import (
-    AG_MIN_CHANGE_RATIO,
     AG_STEPS,
     AdaptConfig,
     AdaptResult,
@@ -30,6 +29,7 @@ from ..tasks.adaptation import (
     default_group,
     oag_readout,
 )
+from ..tasks.adaptation.config import AG_DEFAULTS, with_defaults
 from .decompose import outputs_for, write_decomposition
 from .inputs import UsageError, check_targets, expand_inputs, input_names, require_folder, take_shard
 from .runner import ModelCache, Outcome, Product, Progress, run_ordered
@@ -183,8 +183,10 @@ def _steps(
             results = [shared if adapted else AdaptResult(base, [], 0, "in distribution", [score], [False])]
             together = [used if adapted else 1]
             if adapted and shared.best_step > 0:  # per image: the adapted output or the plain one
-                ratio = AG_MIN_CHANGE_RATIO if cfg.min_change_ratio is None else cfg.min_change_ratio
-                choice = choose_output(base, shared.checkpoint, img, ratio, opts)
+                rules = with_defaults(cfg, AG_DEFAULTS)
+                choice = choose_output(
+                    base, shared.checkpoint, img, rules.min_change_ratio, rules.image_noise_bound, opts
+                )
                 if not choice.adapted:  # the starting weights, as for an image AG did not adapt on
                     results = [AdaptResult(base, shared.history, 0, shared.stop, [score], [True])]
         else:  # oag: each image adapted alone with its own channel count's checkpoint, in batched runs
@@ -252,6 +254,8 @@ def _product(
         # ag: Eq. (AG image choice), the adapted output's change over the plain model's removal; the
         # adapted output is kept where it is at least --min-change-ratio
         "change_ratio": None if choice is None or choice.ratio != choice.ratio else round(choice.ratio, 3),
+        # ag: the adapted output's removal over the image's noise level; kept where at most --image-noise-bound
+        "removed_over_noise": None if choice is None or choice.removed != choice.removed else round(choice.removed, 3),
         "ood_score": _max_score(res.ood_scores or []),
         "best_step": res.best_step,
         "stop": res.stop,

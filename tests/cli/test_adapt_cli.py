@@ -264,8 +264,20 @@ def test_ag_keeps_the_plain_output_below_the_change_ratio(run_cli, tmp_path, rng
     for n in ("a", "b"):
         got, want = (np.asarray(Image.open(tmp_path / f / f"{n}.png")) for f in ("plain", "den"))
         np.testing.assert_array_equal(got, want)
-    code, out, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "all", "--min-change-ratio", "0", *common)
+    code, out, err = run_cli(
+        "adapt", d, "--mode", "ag", "-o", tmp_path / "all", "--min-change-ratio", "0", "--image-noise-bound", "0",
+        *common,
+    )  # fmt: skip
     assert code == 0, err
     assert all(json.loads(x)["change_ratio"] is None for x in out.splitlines() if x.strip())
     code, _, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "bad", "--min-change-ratio", "-1")
     assert code == 2 and "min-change-ratio" in err and not (tmp_path / "bad").exists()
+    code, out, err = run_cli(  # the noise bound alone, at almost nothing: every image keeps the plain output
+        "adapt", d, "--mode", "ag", "-o", tmp_path / "nb", "--min-change-ratio", "0", "--image-noise-bound", "1e-9",
+        *common,
+    )  # fmt: skip
+    assert code == 0, err
+    recs = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert all(r["adapted"] is False and r["removed_over_noise"] > 1e-9 for r in recs)
+    code, _, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "bad2", "--image-noise-bound", "-1")
+    assert code == 2 and "image-noise-bound" in err and not (tmp_path / "bad2").exists()

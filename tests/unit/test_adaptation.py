@@ -461,3 +461,17 @@ def test_choose_output_takes_the_adapted_output_at_or_above_the_ratio(rng):
     assert above.adapted and np.array_equal(above.output, adapted) and above.ratio == pytest.approx(r)
     assert not below.adapted and np.array_equal(below.output, plain) and below.ratio == pytest.approx(r)
     assert off.adapted and np.isnan(off.ratio) and np.array_equal(off.output, adapted)
+    q = choose_output(ck, res.checkpoint, y, 0.0, 1e-9)  # the noise bound alone: nothing may be removed
+    assert not q.adapted and np.array_equal(q.output, plain) and q.removed > 1e-9
+    assert choose_output(ck, res.checkpoint, y, 0.0, 1e9).adapted
+
+
+def test_removed_over_noise_is_one_where_exactly_the_noise_was_removed(rng):
+    from indeed_cli.tasks.adaptation import removed_over_noise
+
+    yy, xx = np.mgrid[0:128, 0:128] / 128.0
+    clean = np.stack([0.3 + 0.2 * yy, 0.5 + 0.1 * xx, 0.4 + 0.1 * yy * xx]).astype(np.float32)
+    noisy = clean + rng.normal(0, 10 / 255, clean.shape).astype(np.float32)
+    assert 0.85 < removed_over_noise(noisy, clean) < 1.15  # RMS 10 removed, noise level about 10
+    assert removed_over_noise(noisy, clean + (noisy - clean) * 0.5) < 0.6
+    assert removed_over_noise(noisy, noisy) == 0.0  # nothing removed

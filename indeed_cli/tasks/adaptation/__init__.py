@@ -1,9 +1,10 @@
 """Active generalization (paper §3.5): InDeedAG and InDeedOAG fine-tune one module of the network
 on out-of-distribution images with the unsupervised part of the ELBO."""
 
-from .choice import ImageChoice, change_ratio, choose_output
+from .choice import ImageChoice, change_ratio, choose_output, removed_over_noise
 from .config import (
     AG_DECIDE,
+    AG_IMAGE_NOISE_BOUND,
     AG_LR,
     AG_MIN_CHANGE_RATIO,
     AG_STEPS,
@@ -22,6 +23,7 @@ from .stopping import EarlyStopping
 
 __all__ = [
     "AG_DECIDE",
+    "AG_IMAGE_NOISE_BOUND",
     "AG_MIN_CHANGE_RATIO",
     "AG_LR",
     "AG_STEPS",
@@ -42,5 +44,6 @@ __all__ = [
     "default_precision",
     "lowrank_factors",
     "oag_readout",
+    "removed_over_noise",
     "tiles_of",
 ]

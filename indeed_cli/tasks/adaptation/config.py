@@ -65,6 +65,12 @@ AG_NOISE_BOUND = 0.0  # 0: no noise bound
 # noise 0.07-2.12 (AG from -1.74 dB on light noise to +2.92 on medium noise on wallpaper); 2.5 kept
 # +1.66 dB on PolyU and every camera-noise crop plain.  OAG decides per image in its steps instead.
 AG_MIN_CHANGE_RATIO = 2.5
+# ... and only where it removed at most this many times the image's noise level (RMS(Y - X) against
+# noise_level.block_noise_sigma; OAG's discrepancy bound, the same 1.25).  On development data AG
+# on all of PolyU100 at once (bf16, 2-core CPU) lost 1.28 / 0.45 / 0.28 dB on three scene-dev crops
+# whose adapted output had removed 2.9 / 9.4 / 1.4 times the noise level; 1.25 kept every
+# scene-dev crop at or above plain there and in fp32 (docs/reports/2026-11-28-ag-image-choice.md).
+AG_IMAGE_NOISE_BOUND = OAG_NOISE_BOUND
 # The settings left None in AdaptConfig, per mode: adapt() (InDeedAG) and adapt_each() (InDeedOAG)
 AG_DEFAULTS = {
     "lr": AG_LR,
@@ -74,6 +80,7 @@ AG_DEFAULTS = {
     "patience": AG_PATIENCE,
     "noise_bound": AG_NOISE_BOUND,
     "min_change_ratio": AG_MIN_CHANGE_RATIO,
+    "image_noise_bound": AG_IMAGE_NOISE_BOUND,
 }
 OAG_DEFAULTS = {
     "lr": OAG_LR,
@@ -83,6 +90,7 @@ OAG_DEFAULTS = {
     "patience": OAG_PATIENCE,
     "noise_bound": OAG_NOISE_BOUND,
     "min_change_ratio": 0.0,
+    "image_noise_bound": 0.0,
 }
 
 
@@ -106,6 +114,9 @@ class AdaptConfig:
     # AG, per image: keep the adapted output only where its change ratio (choice.change_ratio) is at
     # least this; 0: every image takes the adapted output; None: AG_MIN_CHANGE_RATIO (OAG: 0, unused)
     min_change_ratio: float | None = None
+    # AG, per image: ... and only where it removed at most this many times the image's estimated noise
+    # level (choice.removed_over_noise); 0: no such condition; None: AG_IMAGE_NOISE_BOUND (OAG: 0, unused)
+    image_noise_bound: float | None = None
     collapse_ratio: float = 0.2
     decide: str | None = None  # "change", "ood" or "always"; None: AG_DECIDE in adapt(), OAG_DECIDE otherwise
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
@@ -131,6 +142,8 @@ class AdaptConfig:
             raise ValueError(f"patience must be 0 (never) or more, got {self.patience}")
         if self.noise_bound is not None and self.noise_bound < 0:
             raise ValueError(f"noise_bound must be 0 (no bound) or more, got {self.noise_bound}")
+        if self.image_noise_bound is not None and self.image_noise_bound < 0:
+            raise ValueError(f"image_noise_bound must be 0 (no bound) or more, got {self.image_noise_bound}")
         if self.min_change_ratio is not None and self.min_change_ratio < 0:
             raise ValueError(f"min_change_ratio must be 0 (always adapted) or more, got {self.min_change_ratio}")
         if self.max_change < 0:
