@@ -172,6 +172,8 @@ def _steps(
             ck = shared.checkpoint
             save_checkpoint(save_weights, ck.model, ck.training, ck.extra)
     chunk = 1 if shared else (cfg.group or default_group(models.device))
+    rules = with_defaults(cfg, AG_DEFAULTS)  # ag: the per-image choice's bounds
+    readout = opts if shared else oag_readout(opts, models.device)
     for c in range(0, len(todo), chunk):
         items = todo[c : c + chunk]
         t0 = time.perf_counter()
@@ -183,7 +185,6 @@ def _steps(
             results = [shared if adapted else AdaptResult(base, [], 0, "in distribution", [score], [False])]
             together = [used if adapted else 1]
             if adapted and shared.best_step > 0:  # per image: the adapted output or the plain one
-                rules = with_defaults(cfg, AG_DEFAULTS)
                 choice = choose_output(
                     base, shared.checkpoint, img, rules.min_change_ratio, rules.image_noise_bound, opts
                 )
@@ -195,7 +196,6 @@ def _steps(
             )
         seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
         for (src, img, files), res, n_together in zip(items, results, together):
-            readout = opts if shared else oag_readout(opts, models.device)
             yield _product(src, img, files, res, mode, cfg, readout, seconds, n_together, denoised_only, choice)
 
 

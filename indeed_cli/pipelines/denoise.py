@@ -133,9 +133,9 @@ def _steps(
             [(it["ckpt"], it["img"].data) for it in pending], AdaptConfig(precision=opts.precision), opts.tile
         )
         share = (time.perf_counter() - t0) / len(pending)
+        readout = oag_readout(opts, models.device)
         for item, res in zip(pending, results):
             t1 = time.perf_counter()
-            readout = oag_readout(opts, models.device)
             out = denoise(res.checkpoint, item["img"], readout, clip=False, pixel_shuffle=item["stride"])
             item["seconds"] += share + time.perf_counter() - t1
             yield product(item, out, res)

@@ -23,11 +23,14 @@ from ...model import Checkpoint
 from .noise_level import block_noise_sigma
 
 
+def _rms(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(np.asarray(a, np.float64) - b))))
+
+
 def change_ratio(noisy: np.ndarray, plain: np.ndarray, adapted: np.ndarray) -> float:
     """Eq. (AG image choice), rho: RMS(adapted - plain) / RMS(noisy - plain) over the image; inf
     where the plain output equals the input."""
-    moved = float(np.sqrt(np.mean(np.square(np.asarray(adapted, np.float64) - plain))))
-    removed = float(np.sqrt(np.mean(np.square(np.asarray(noisy, np.float64) - plain))))
+    moved, removed = _rms(adapted, plain), _rms(noisy, plain)
     return moved / removed if removed > 0 else float("inf")
 
 
@@ -43,7 +46,7 @@ class ImageChoice:
 def removed_over_noise(noisy: np.ndarray, adapted: np.ndarray) -> float:
     """Eq. (AG image choice), second condition: RMS(noisy - adapted) in 8-bit units over the noise
     level sigma_hat(noisy) of Eq. (noise level); inf where sigma_hat is 0."""
-    removed = 255 * float(np.sqrt(np.mean(np.square(np.asarray(noisy, np.float64) - adapted))))
+    removed = 255 * _rms(noisy, adapted)
     sigma = block_noise_sigma(noisy)
     return removed / sigma if sigma > 0 else float("inf")
 
@@ -61,11 +64,11 @@ def choose_output(
     bound of 0 is no condition; with both 0 the plain output is not computed); ``image``: an array
     (C, h, w) in [0, 1], a read image or anything :func:`~indeed_cli.inference.as_image` takes."""
     opts = opts or InferenceOptions()
-    data, _ = as_image(image)
-    out, stats = denoise_with_stats(adapted, image, opts)
+    data, _ = as_image(image)  # once: a path is read once for both read-outs
+    out, stats = denoise_with_stats(adapted, data, opts)
     if min_ratio <= 0 and noise_bound <= 0:
         return ImageChoice(True, float("nan"), float("nan"), out, stats)
-    plain, plain_stats = denoise_with_stats(base, image, opts)
+    plain, plain_stats = denoise_with_stats(base, data, opts)
     ratio, removed = change_ratio(data, plain, out), removed_over_noise(data, out)
     if ratio >= min_ratio and (noise_bound <= 0 or removed <= noise_bound):
         return ImageChoice(True, ratio, removed, out, stats)
