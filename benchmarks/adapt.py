@@ -67,6 +67,12 @@ CAMERAS = {"canon600d": "canon600", "nikond800": "nikon800", "nikon": "nikon800"
 OBJECTS = {"plaso": "plan"}
 
 
+def gaussian_noisy(clean: np.ndarray, sigma: float, seed: int) -> np.ndarray:
+    """``clean`` plus white Gaussian noise of ``sigma`` (in [0, 1] units), clipped and rounded to 8 bits."""
+    noise = np.random.default_rng(seed).normal(0.0, sigma, clean.shape)
+    return (np.round(np.clip(clean + noise, 0, 1) * 255) / 255).astype(np.float32)
+
+
 def scene_of(name: str) -> str:
     """The PolyU scene of a file: camera and object, the same key for a PolyU100 crop
     (``Canon5D2_5_160_3200_chair_11_real.JPG``) and a full-resolution pair of the
@@ -169,10 +175,12 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
                         "best_step": res.best_step,
                         "stop": res.stop,
                         "adapted": res.best_step > 0,
+                        "objective": res.objective if res.best_step > 0 else None,
+                        "recorrupted": res.recorrupted,
                         # what decide="change" reads: the first evaluation's change over the start's RMS of N
                         "first_change_ratio": (
                             res.history[1]["change"] / max(res.history[0]["rms_N"], 1e-12)
-                            if len(res.history) > 1
+                            if len(res.history) > 1 and "change" in res.history[1]
                             else None
                         ),
                     }
@@ -285,7 +293,15 @@ def render(rows: list[dict]) -> None:
             stops = {}
             for r in q if m.startswith("oag") else q[:1]:
                 stops[r["stop"]] = stops.get(r["stop"], 0) + 1
-            print(f"{m} stop reasons: {stops}; mean best step {np.mean([r['best_step'] for r in q]):.1f}  ")
+            objectives = {}
+            for r in q:
+                if r.get("objective"):
+                    objectives[r["objective"]] = objectives.get(r["objective"], 0) + 1
+            print(
+                f"{m} stop reasons: {stops}; mean best step {np.mean([r['best_step'] for r in q]):.1f}"
+                + (f"; adapted by objective: {objectives}" if objectives else "")
+                + "  "
+            )
     q = [r for r in den if r["method"].startswith("oag") and r.get("adapt_seconds") is not None]
     if q:
         a_s, t_s = np.mean([r["adapt_seconds"] for r in q]), np.mean([r["seconds"] for r in q])
@@ -318,7 +334,8 @@ def main() -> None:
         "--camera",
         default=None,
         help="camera:LEVEL[+jpeg][,...]: make the noisy/reference pairs from the clean images of --data with the "
-        "camera noise model (indeed_cli.tasks.camera_noise), seeded per image; one table per level",
+        "camera noise model (indeed_cli.tasks.camera_noise), seeded per image; one table per level; also "
+        "gauss:SIGMA (white Gaussian noise, 8-bit) and clean (no noise)",
     )
     ap.add_argument("--crop", type=int, default=512, help="with --camera: the top-left crop of each clean image")
     ap.add_argument(
@@ -359,6 +376,13 @@ def main() -> None:
         help="ag-*: per image, keep the adapted output only at this change ratio or more; 0: always (default 2.5)",
     )
     ap.add_argument(
+        "--objective",
+        default=None,
+        choices=["auto", "elbo", "recorrupted"],
+        help="the adaptation objective (default: oag auto, the recorrupted one where the elbo kept the start; "
+        "ag-* elbo)",
+    )
+    ap.add_argument(
         "--noise-bound", type=float, default=None, help="discrepancy bound; 0: none (default: ag-* none, oag 1.25)"
     )
     ap.add_argument("--patience", type=int, default=None, help="default: 0 (never) for ag-*, 6 for oag")
@@ -393,10 +417,16 @@ def main() -> None:
         sets = []  # (name, [(image, noisy, reference)])
         if a.camera:
             clean = sorted(p for p in a.data.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+            crops = [(p.name, read_image(p).data[:, : a.crop, : a.crop]) for p in clean[: a.limit or None]]
             for spec in a.camera.split(","):
-                level, jpeg = parse_noise(spec)
-                crops = [(p.name, read_image(p).data[:, : a.crop, : a.crop]) for p in clean[: a.limit or None]]
-                sets.append((spec, [(n, *camera_pair(c, level, image_seed(n, 0), jpeg)) for n, c in crops]))
+                if spec == "clean":  # no noise: what adaptation does to an image it should leave alone
+                    sets.append((spec, [(n, c, c) for n, c in crops]))
+                elif spec.startswith("gauss:"):  # white Gaussian noise, 8-bit clipped, seeded per image
+                    sigma = float(spec[6:]) / 255
+                    sets.append((spec, [(n, gaussian_noisy(c, sigma, image_seed(n, 0)), c) for n, c in crops]))
+                else:
+                    level, jpeg = parse_noise(spec)
+                    sets.append((spec, [(n, *camera_pair(c, level, image_seed(n, 0), jpeg)) for n, c in crops]))
         else:
             sets.append((f"{a.data.name} {a.split}", [
                 (n.name, centre_crop(read_image(n).data, a.pair_crop), centre_crop(read_image(c).data, a.pair_crop))
@@ -412,6 +442,7 @@ def main() -> None:
             noise_bound=a.noise_bound,
             min_change_ratio=a.min_change_ratio,
             image_noise_bound=a.image_noise_bound,
+            objective=a.objective,
             patience=a.patience,
             keep=a.keep,
             precision=a.precision,

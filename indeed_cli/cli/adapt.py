@@ -89,6 +89,16 @@ def adapt_cmd(
             "level; 0: no such bound (default 1.25).",
         ),
     ] = None,
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            "--objective",
+            metavar="auto|elbo|recorrupted",
+            help="elbo: the paper's objective; recorrupted: a self-supervised loss with noise drawn like the "
+            "image's own (for correlated camera noise); auto: elbo, then recorrupted on images elbo left alone "
+            "(oag default; ag: elbo only).",
+        ),
+    ] = None,
     noise_precision: Annotated[
         str,
         typer.Option(
@@ -147,6 +157,7 @@ def adapt_cmd(
         noise_bound=noise_bound,
         min_change_ratio=min_change_ratio,
         image_noise_bound=image_noise_bound,
+        objective=objective,
         noise_precision=noise_precision,
         precision=run.precision,
         group=group,

@@ -77,6 +77,10 @@ def adapt_folder(
         raise UsageError(str(e)) from None
     if cfg.modules not in ("S", "L", "LS"):
         raise UsageError(f"--modules must be S, L or LS, got {cfg.modules!r}")
+    if mode == "ag" and cfg.objective not in (None, "elbo"):
+        # AG's per-image choice keeps the plain output wherever the plain model already removed
+        # much (camera noise): a shared recorrupted adaptation would be thrown away there
+        raise UsageError(f"--objective {cfg.objective} is for --mode oag; ag adapts with the elbo")
     if save_weights and mode != "ag":
         raise UsageError("--save-weights goes with --mode ag (oag adapts a fresh copy per image)")
     output = Path(output)
@@ -251,6 +255,8 @@ def _product(
         "mode": mode,
         "modules": cfg.modules,
         "adapted": res.best_step > 0,  # weights other than the starting ones were kept
+        # whose objective those weights minimised: "elbo" (the paper's) or "recorrupted"
+        "objective": res.objective if res.best_step > 0 else None,
         # ag: Eq. (AG image choice), the adapted output's change over the plain model's removal; the
         # adapted output is kept where it is at least --min-change-ratio
         "change_ratio": None if choice is None or choice.ratio != choice.ratio else round(choice.ratio, 3),

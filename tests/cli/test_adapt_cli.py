@@ -281,3 +281,22 @@ def test_ag_keeps_the_plain_output_below_the_change_ratio(run_cli, tmp_path, rng
     assert all(r["adapted"] is False and r["removed_over_noise"] > 1e-9 for r in recs)
     code, _, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "bad2", "--image-noise-bound", "-1")
     assert code == 2 and "image-noise-bound" in err and not (tmp_path / "bad2").exists()
+
+
+def test_objective_option(run_cli, tmp_path, rng, ckpt_paths):
+    """--objective: auto reports which objective's weights each image kept; a bad value and the
+    recorrupted objective with --mode ag exit 2 and write nothing."""
+    d = tmp_path / "in"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (40, 36, 3), dtype=np.uint8))
+    common = ("-w", ckpt_paths[3], "--steps", "2", "--precision", "fp32", "--denoised-only", "--json", "-q")
+    code, out, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "auto", "--objective", "auto", *common)
+    assert code == 0, err
+    rec = json.loads(out.splitlines()[0])
+    assert rec["objective"] in (None, "elbo", "recorrupted") and (rec["objective"] is None) == (not rec["adapted"])
+    assert (tmp_path / "auto" / "a.png").exists()
+    code, out, _ = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "elbo", *common)
+    assert code == 0 and json.loads(out.splitlines()[0])["objective"] in (None, "elbo")
+    for bad, mode in (("r2r", "oag"), ("recorrupted", "ag")):
+        code, _, err = run_cli("adapt", d, "--mode", mode, "-o", tmp_path / f"bad-{mode}", "--objective", bad, *common)
+        assert code == 2 and "objective" in err and not (tmp_path / f"bad-{mode}").exists()

@@ -176,7 +176,7 @@ def test_grouped_bf16_adaptation(rng):
     hand (fp32 master weights, image and objective); a group adapting L runs in fp32."""
     ck = _ckpt(3)
     imgs = _images(rng, 3)
-    cfg = AdaptConfig(steps=2, eval_every=1, group=2, sample=False)
+    cfg = AdaptConfig(steps=2, eval_every=1, group=2, sample=False, objective="elbo")
     runs = {
         (m, p): adapt_each(ck, [[x] for x in imgs], replace(cfg, modules=m, precision=p), tile=32)
         for m in ("S", "L")
@@ -363,7 +363,7 @@ def test_decide_change_keeps_the_start_when_the_first_steps_move_the_output_litt
 def test_decide_defaults_depend_on_the_mode(rng):
     """OAG decides per image from its first change, AG (one adaptation per folder) always adapts."""
     ck = _ckpt()
-    cfg = AdaptConfig(steps=2, lr=1e-3, eval_every=1, max_change=1e9)
+    cfg = AdaptConfig(steps=2, lr=1e-3, eval_every=1, max_change=1e9, objective="elbo")
     assert adapt(ck, _images(rng), cfg, tile=32).checkpoint.training["adapted"]["decide"] == "always"
     oag = adapt_each(ck, [[x] for x in _images(rng)], cfg, tile=32)
     assert all(r.checkpoint is ck or r.checkpoint.training["adapted"]["decide"] == "change" for r in oag)
@@ -430,7 +430,7 @@ def test_oag_and_ag_bounds_by_default(rng):
     assert (ag.max_change, ag.noise_bound, ag.keep) == (2.5, 0.0, "latest")
     ck = _ckpt()
     imgs = _images(rng)
-    cfg = AdaptConfig(steps=2, lr=1e-3, eval_every=1, decide="always")
+    cfg = AdaptConfig(steps=2, lr=1e-3, eval_every=1, decide="always", objective="elbo")
     for im, r in zip(imgs, adapt_each(ck, [[x] for x in imgs], cfg, tile=32)):
         assert r.checkpoint.training["adapted"]["noise_sigma"] == pytest.approx(block_noise_sigma(im))
         assert r.checkpoint.training["adapted"]["noise_bound"] == 1.25

@@ -71,6 +71,26 @@ AG_MIN_CHANGE_RATIO = 2.5
 # whose adapted output had removed 2.9 / 9.4 / 1.4 times the noise level; 1.25 kept every
 # scene-dev crop at or above plain there and in fp32 (docs/reports/2026-11-28-ag-image-choice.md).
 AG_IMAGE_NOISE_BOUND = OAG_NOISE_BOUND
+# The recorrupted-to-recorrupted adaptation (recorrupted.py; AdaptConfig.objective), for correlated
+# noise the ELBO adaptation leaves in place: steps, evaluations, and the fixed noise draws per
+# evaluation tile of its validation loss (docs/reports/2026-11-28-recorrupted-adaptation.md).
+R2R_STEPS = 20
+R2R_EVAL_EVERY = 5
+R2R_EVAL_DRAWS = 2
+# The recorrupted objective runs only where the residual of the pixel-shuffled read-out is correlated
+# between neighbouring pixels at least this much (runner.recorruption_gate).  Development crops
+# (256 x 256 training crops, `color`): synthetic camera noise 0.33-0.60 (light to heavy), white
+# Gaussian noise of sigma 15 0.00-0.12 and of sigma 5 0.02-0.32, where the objective lost up to
+# 6.4 dB; clean photographs 0.26-0.64 (not separated: docs/reports/2026-11-28-recorrupted-adaptation.md).
+R2R_MIN_CORRELATION = 0.3
+# InDeedOAG runs the recorrupted objective where the ELBO kept an image's starting weights ("auto"):
+# held out (384 x 384 crops, synthetic camera noise, one NVIDIA H200, fp32) it gained +0.7 to +4.1 dB
+# over plain where the ELBO alone gained nothing, left PolyU100 as it was (37.36 dB on the scene-test
+# half) and white Gaussian noise untouched.  It costs time where it runs (PolyU100, bf16: 0.114
+# against 0.047 s per image) and, on photographs without noise, detail (the ELBO's losses there are
+# larger).  AG keeps the ELBO: its per-image choice would discard a shared recorrupted adaptation.
+AG_OBJECTIVE = "elbo"
+OAG_OBJECTIVE = "auto"
 # The settings left None in AdaptConfig, per mode: adapt() (InDeedAG) and adapt_each() (InDeedOAG)
 AG_DEFAULTS = {
     "lr": AG_LR,
@@ -81,6 +101,7 @@ AG_DEFAULTS = {
     "noise_bound": AG_NOISE_BOUND,
     "min_change_ratio": AG_MIN_CHANGE_RATIO,
     "image_noise_bound": AG_IMAGE_NOISE_BOUND,
+    "objective": AG_OBJECTIVE,
 }
 OAG_DEFAULTS = {
     "lr": OAG_LR,
@@ -91,6 +112,7 @@ OAG_DEFAULTS = {
     "noise_bound": OAG_NOISE_BOUND,
     "min_change_ratio": 0.0,
     "image_noise_bound": 0.0,
+    "objective": OAG_OBJECTIVE,
 }
 
 
@@ -118,6 +140,10 @@ class AdaptConfig:
     # level (choice.removed_over_noise); 0: no such condition; None: AG_IMAGE_NOISE_BOUND (OAG: 0, unused)
     image_noise_bound: float | None = None
     collapse_ratio: float = 0.2
+    # "elbo": the paper's objective; "recorrupted": recorrupted-to-recorrupted (recorrupted.py) only;
+    # "auto": the ELBO, then the recorrupted objective where the ELBO kept the starting weights;
+    # None: AG_OBJECTIVE in adapt(), OAG_OBJECTIVE otherwise
+    objective: str | None = None
     decide: str | None = None  # "change", "ood" or "always"; None: AG_DECIDE in adapt(), OAG_DECIDE otherwise
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
     # "bf16": the network runs in bf16, the objective in fp32; "auto" (default_precision, what
@@ -136,6 +162,8 @@ class AdaptConfig:
             raise ValueError(f"precision must be fp32, bf16 or auto, got {self.precision!r}")
         if self.keep not in (None, "best", "latest", "last"):
             raise ValueError(f"keep must be best, latest or last, got {self.keep!r}")
+        if self.objective not in (None, "elbo", "recorrupted", "auto"):
+            raise ValueError(f"objective must be elbo, recorrupted or auto, got {self.objective!r}")
         if self.decide not in (None, "ood", "change", "always"):
             raise ValueError(f"decide must be ood, change or always, got {self.decide!r}")
         if self.patience is not None and self.patience < 0:
@@ -162,6 +190,10 @@ class AdaptResult:
     # are meant for the images it used, the others keep the starting weights
     ood_scores: list[float | None] | None = None
     adapted_images: list[bool] | None = None
+    objective: str = "elbo"  # the objective whose weights these are ("elbo" or "recorrupted")
+    # where the recorrupted objective was tried: its gate's correlation(s), noise level, start ratio,
+    # why it stopped (runner.adapt_recorrupted); None where it was not tried
+    recorrupted: dict | None = None
     # InDeedOAG's results share the modules they did not adapt (InDeed.with_parameters; read-only:
     # changing one in place changes them all); each holds its adapted module's weights of its own.
 

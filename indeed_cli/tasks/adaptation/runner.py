@@ -4,6 +4,9 @@
   InDeedOAG (mode "oag"): a fresh copy of the weights adapted on each image alone.
 
 Objective: :mod:`.objective`; stopping rule: :mod:`.stopping`; settings and defaults: :mod:`.config`.
+Where the ELBO keeps an image's starting weights, ``AdaptConfig.objective`` "auto" (OAG's default)
+tries the recorrupted-to-recorrupted objective for correlated noise (:mod:`.recorrupted`,
+:func:`adapt_recorrupted`), one image at a time.
 
 Several independent adaptations (OAG on a folder) run at once: their weights are stacked
 and the network runs under ``torch.vmap`` (``AdaptConfig.group`` at a time), each with its
@@ -23,12 +26,17 @@ import torch
 import torch.distributed as tdist
 from torch.func import vmap
 
-from ...inference import InferenceOptions, TileGrid, as_model_channels
+from ...inference import InferenceOptions, TileGrid, as_model_channels, denoise
+from ...inference.decomposition import removed_noise_correlation
 from ...model import Checkpoint
 from ..ood import image_ood_score
 from .config import (
     AG_DEFAULTS,
     OAG_DEFAULTS,
+    R2R_EVAL_DRAWS,
+    R2R_EVAL_EVERY,
+    R2R_MIN_CORRELATION,
+    R2R_STEPS,
     AdaptConfig,
     AdaptResult,
     default_group,
@@ -37,6 +45,7 @@ from .config import (
 )
 from .noise_level import pooled_noise_sigma
 from .objective import adaptation_objective, lowrank_factors, take
+from .recorrupted import correlated_noise, noise_spectrum, recorrupted_loss, spectrum_root
 from .stopping import EarlyStopping
 
 
@@ -92,6 +101,10 @@ def adapt_each(
         for scores, flags in decisions
     ]
     todo = [i for i, r in enumerate(results) if r is None]
+    if cfg.objective == "recorrupted":  # no ELBO adaptation: every entry goes to the recorrupted one
+        for i in todo:
+            results[i] = AdaptResult(ckpt, [], 0, "not run", *decisions[i])
+        todo = []
     jobs = []
     for i in todo:
         images = [im for im, flag in zip(image_sets[i], decisions[i][1]) if flag]
@@ -134,7 +147,130 @@ def adapt_each(
                     stop,
                     *decisions[todo[i]],
                 )
+    if cfg.objective in ("auto", "recorrupted"):
+        for i, res in enumerate(results):
+            if res is None or res.best_step > 0 or res.stop == "in distribution":
+                continue
+            images = [im for im, flag in zip(image_sets[i], res.adapted_images or [True] * len(image_sets[i])) if flag]
+            outcome = adapt_recorrupted(ckpt, model, names, images, cfg, tile, res.stop)
+            if outcome.best_step > 0:
+                results[i] = replace(outcome, ood_scores=res.ood_scores, adapted_images=res.adapted_images)
+            else:  # the ELBO's result stays, with what the recorrupted objective found
+                results[i] = replace(res, recorrupted=outcome.recorrupted)
     return results
+
+
+def recorruption_gate(ckpt: Checkpoint, image: np.ndarray) -> tuple[bool, float, np.ndarray]:
+    """Whether the recorrupted objective may run on ``image`` (Eq. recorruption gate),
+    the lag-1 correlation it was decided by, and the noise estimate the objective would use: the
+    residual R = Y - X_ps2 of the pixel-shuffled read-out (stride 2).
+
+    It runs where R is correlated between neighbouring pixels (lag-1 correlation at least
+    R2R_MIN_CORRELATION): demosaicked camera noise.  Where the noise is white the plain read-out
+    removes it already, and R is mostly the white noise plus the detail the pixel-shuffled read-out
+    loses, so the noise drawn from it would be too strong."""
+    shuffled = denoise(ckpt, image, pixel_shuffle=2)
+    c = removed_noise_correlation(image, shuffled)
+    return c >= R2R_MIN_CORRELATION, c, image - shuffled
+
+
+def adapt_recorrupted(
+    ckpt: Checkpoint, model, names: list[str], images: list[np.ndarray], cfg: AdaptConfig, tile: int, before: str
+) -> AdaptResult:
+    """The recorrupted-to-recorrupted adaptation (:mod:`.recorrupted`) of ``model``'s trainable
+    weights ``names`` on ``images``.  The result keeps the starting weights (best_step 0) when the
+    gate refuses every image, when the start's loss says the noise drawn is unlike what the model
+    removes (Eq. recorruption gate), or when no evaluation improved on the start; its
+    ``recorrupted`` dict says which.  ``before``: why the ELBO adaptation kept the start (recorded)."""
+    device = next(model.parameters()).device
+    gated = [recorruption_gate(ckpt, im) for im in images]
+    facts: dict = {"correlation": [round(c, 4) for _, c, _ in gated]}
+    chosen = [(im, r) for im, (ok, _, r) in zip(images, gated) if ok]
+
+    def unchanged(stop: str, history=()) -> AdaptResult:
+        return AdaptResult(ckpt, list(history), 0, stop, objective="recorrupted", recorrupted={**facts, "stop": stop})
+
+    if not chosen:
+        return unchanged("uncorrelated noise")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    roots, pools, owner = [], [], []
+    for k, (im, residual) in enumerate(chosen):
+        roots.append(spectrum_root(noise_spectrum(residual), tile).to(device))
+        t = tiles_of([im], tile, cfg.max_tiles, gen)
+        pools.append(t)
+        owner += [k] * len(t)
+    pool = torch.cat(pools).to(device)
+    owner = torch.tensor(owner)
+    if len(pool) > cfg.max_tiles:
+        keep = torch.randperm(len(pool), generator=gen)[: cfg.max_tiles]
+        pool, owner = pool[keep.to(device)], owner[keep]
+    root_of = torch.stack(roots)  # (images, tile, tile, C, C)
+    order = torch.randperm(len(pool), generator=gen)
+    n_eval = min(len(pool), max(cfg.eval_tiles, min(len(chosen), 128)))
+    ev = order[:n_eval]
+    E = pool[ev.to(device)].repeat(R2R_EVAL_DRAWS, 1, 1, 1)
+    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    Ez = correlated_noise(root_of[owner[ev].repeat(R2R_EVAL_DRAWS).to(device)], eval_gen)
+    bf16 = cfg.precision == "bf16"
+    work = copy.deepcopy(model)
+    params = {n: work.get_parameter(n).requires_grad_(True) for n in names}
+    opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
+
+    def evaluate() -> float:
+        with torch.no_grad():
+            return float(recorrupted_loss(work, E, Ez, bf16=bf16).mean()) * 255**2
+
+    start = evaluate()
+    history = [{"step": 0, "loss": start, "objective": "recorrupted"}]
+    # the drawn noise's level, and the start's loss over its variance (1 + 1 / alpha^2 = 5 plus the
+    # plain model's error on the recorrupted input; recorded, not used as a limit:
+    # docs/reports/2026-11-28-recorrupted-adaptation.md, section 5)
+    variance = float(Ez.square().mean()) * 255**2
+    facts.update(noise_sigma=round(float(np.sqrt(variance)), 4), start_ratio=round(start / max(variance, 1e-12), 4))
+    best, best_step = start, 0
+    best_params = {n: v.detach().clone() for n, v in params.items()}
+    b = min(cfg.batch, len(pool))
+    for step in range(1, R2R_STEPS + 1):
+        idx = torch.randint(len(pool), (b,), generator=gen)
+        z = correlated_noise(root_of[owner[idx].to(device)], gen)
+        loss = recorrupted_loss(work, pool[idx.to(device)], z, bf16=bf16).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % R2R_EVAL_EVERY and step != R2R_STEPS:
+            continue
+        value = evaluate()
+        history.append({"step": step, "loss": value, "objective": "recorrupted"})
+        if not np.isfinite(value):
+            break
+        if value < best:
+            best, best_step = value, step
+            best_params = {n: v.detach().clone() for n, v in params.items()}
+    if best_step == 0:
+        return unchanged("no improvement", history)
+    facts.update(stop="steps", best_step=best_step)
+    adapted = model.with_parameters(best_params).eval()
+    training = {
+        **ckpt.training,
+        "adapted": {
+            "parent": ckpt.source,
+            **asdict(cfg),
+            "objective": "recorrupted",
+            "elbo_stop": before,
+            "recorrupted": facts,
+            "best_step": best_step,
+            "stop": "steps",
+            "loss_curve": history,
+        },
+    }
+    return AdaptResult(
+        Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
+        history,
+        best_step,
+        "steps",
+        objective="recorrupted",
+        recorrupted=facts,
+    )
 
 
 def decide(

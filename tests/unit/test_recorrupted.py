@@ -1,0 +1,151 @@
+"""The recorrupted-to-recorrupted adaptation: the noise spectrum, its sampler, and the runner."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+
+from indeed_cli.model import Checkpoint
+from indeed_cli.tasks.adaptation import AdaptConfig, adapt_each
+from indeed_cli.tasks.adaptation.recorrupted import (
+    correlated_noise,
+    noise_spectrum,
+    recorrupted_pair,
+    spectrum_root,
+)
+
+
+def _coloured_noise(rng, n=1, size=128, sigma=0.05):
+    """White noise filtered by a 2 x 2 box and mixed across channels: a known covariance (lag-1
+    correlation 0.5 along rows and columns; channel 1 = 0.8 channel 0 + 0.6 of its own)."""
+    w = rng.normal(0, sigma, (n, 3, size + 1, size + 1))
+    h = (w[..., 1:, 1:] + w[..., 1:, :-1] + w[..., :-1, 1:] + w[..., :-1, :-1]) / 2
+    mix = np.array([[1, 0, 0], [0.8, 0.6, 0], [0, 0, 1.0]])
+    return np.einsum("ij,njxy->nixy", mix, h)
+
+
+def _moments(x):
+    """Per channel variance, horizontal and vertical lag-1 correlation, and the 0-1 channel correlation."""
+    x = x - x.mean(axis=(-2, -1), keepdims=True)
+    var = (x**2).mean(axis=(0, 2, 3))
+    lag_h = (x[..., 1:] * x[..., :-1]).mean(axis=(0, 2, 3)) / var
+    lag_v = (x[..., 1:, :] * x[..., :-1, :]).mean(axis=(0, 2, 3)) / var
+    cross = (x[:, 0] * x[:, 1]).mean() / np.sqrt(var[0] * var[1])
+    return var, lag_h, lag_v, cross
+
+
+def test_noise_spectrum_of_white_noise_is_flat_and_has_its_variance(rng):
+    n = rng.normal(0, 0.1, (3, 256, 256))
+    P = noise_spectrum(n)
+    diag = np.stack([P[c, c].real for c in range(3)])
+    assert np.allclose(diag[:, 1:, 1:].mean(), 0.01, rtol=0.05)  # the block means (DC) are removed
+    assert np.abs(diag[:, 1:, 1:] / 0.01 - 1).mean() < 0.2  # flat: every frequency near sigma^2
+    assert abs(P[0, 1].mean()) < 0.05 * 0.01  # independent channels: no covariance at lag 0
+
+
+def test_sampled_noise_has_the_covariance_it_was_estimated_from(rng):
+    noise = _coloured_noise(rng, n=1, size=256)[0]
+    root = spectrum_root(noise_spectrum(noise), 64)
+    z = correlated_noise(root[None].repeat(64, 1, 1, 1, 1), torch.Generator().manual_seed(0)).numpy()
+    want, got = _moments(noise[None]), _moments(z)
+    assert np.allclose(got[0], want[0], rtol=0.15)  # variance
+    assert np.allclose(got[1], want[1], atol=0.06) and np.allclose(got[1], 0.5, atol=0.08)  # horizontal lag 1
+    assert np.allclose(got[2], want[2], atol=0.06) and np.allclose(got[2], 0.5, atol=0.08)  # vertical lag 1
+    assert abs(got[3] - want[3]) < 0.06 and got[3] > 0.7  # channels 0 and 1
+
+
+def test_recorrupted_copies_have_independent_noises_when_z_matches_the_noise(rng):
+    """Eq. (recorrupted pair): cov(n + a z, n - z / a) = cov(n) - cov(z) = 0, per pixel and at lag 1."""
+    n = torch.from_numpy(_coloured_noise(rng, n=64, size=64)).float()
+    root = spectrum_root(noise_spectrum(n[0].numpy()), 64)
+    z = correlated_noise(root[None].repeat(64, 1, 1, 1, 1), torch.Generator().manual_seed(1))
+    noisier, target = recorrupted_pair(torch.zeros_like(n) + n, z, 0.5)
+    a, b = noisier.numpy(), target.numpy()
+    same = (a * b).mean() / np.sqrt((a**2).mean() * (b**2).mean())
+    lag = (a[..., 1:] * b[..., :-1]).mean() / np.sqrt((a**2).mean() * (b**2).mean())
+    assert abs(same) < 0.08 and abs(lag) < 0.08
+    # with a z of twice the noise's level they are clearly dependent: the test can fail
+    a2, b2 = (t.numpy() for t in recorrupted_pair(n, 2 * z, 0.5))
+    assert abs((a2 * b2).mean() / np.sqrt((a2**2).mean() * (b2**2).mean())) > 0.3
+
+
+def _ckpt(c=3):
+    m = tiny_model(c)
+    return Checkpoint(m, m.cfg, {}, {}, "tiny")
+
+
+def _clean(c=3, size=64):
+    return (0.5 + 0.1 * np.sin(np.arange(size) / 5)[None, :, None] * np.ones((c, size, size))).astype(np.float32)
+
+
+def _noisy(rng, c=3, size=64):
+    return [np.clip(_clean(c, size) + _coloured_noise(rng, 1, size)[0][:c], 0, 1).astype(np.float32)]
+
+
+@pytest.mark.parametrize("objective", ["recorrupted", "auto"])
+def test_recorrupted_adaptation_changes_only_f_theta_s_and_records_itself(rng, objective, monkeypatch):
+    from indeed_cli.tasks.adaptation import runner
+
+    # an untrained model's pixel-shuffled read-out is no denoiser: let it return the clean image, so
+    # that the noise estimate is the noise itself
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: _clean())
+    ck = _ckpt()
+    cfg = AdaptConfig(
+        objective=objective,
+        lr=1e-2,
+        decide="always" if objective == "auto" else None,
+        max_change=1e-9,
+    )
+    res = adapt_each(ck, [_noisy(rng)], cfg, tile=32)[0]
+    before, after = ck.model.state_dict(), res.checkpoint.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("sparse."))
+    # on this noise the validation loss falls: the recorrupted weights are kept (auto: after the ELBO
+    # kept its start, its trust region being ~0)
+    assert res.objective == "recorrupted" and res.best_step > 0
+    assert res.checkpoint.training["adapted"]["objective"] == "recorrupted"
+    losses = {h["step"]: h["loss"] for h in res.history}
+    assert losses[res.best_step] == min(losses.values()) < losses[0]
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("sparse."))
+    facts = res.recorrupted
+    assert facts["stop"] == "steps" and facts["best_step"] == res.best_step and facts["correlation"][0] >= 0.3
+    # the noise drawn has the level of the noise added (sigma 0.05: 12.75 grey levels)
+    assert facts["noise_sigma"] == pytest.approx(12.75, rel=0.25)
+
+
+def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypatch):
+    """White noise: the gate refuses; the ELBO's result stays, with the gate's correlation."""
+    from indeed_cli.tasks.adaptation import runner
+
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: np.full_like(y, 0.5))
+    white = [np.clip(0.5 + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)]
+    cfg = AdaptConfig(objective="auto", decide="always", max_change=1e-9)
+    res = adapt_each(_ckpt(), [white], cfg, tile=32)[0]
+    assert res.best_step == 0 and res.objective == "elbo"
+    assert res.recorrupted["stop"] == "uncorrelated noise" and abs(res.recorrupted["correlation"][0]) < 0.3
+
+
+def test_elbo_objective_never_runs_the_recorrupted_one(rng, monkeypatch):
+    from indeed_cli.tasks.adaptation import runner
+
+    monkeypatch.setattr(runner, "adapt_recorrupted", lambda *a, **k: pytest.fail("recorrupted adaptation ran"))
+    cfg = AdaptConfig(objective="elbo", max_change=1e-9, decide="always")  # the ELBO keeps the start
+    res = adapt_each(_ckpt(), [_noisy(rng)], cfg, tile=32)[0]
+    assert res.best_step == 0 and res.objective == "elbo"
+
+
+def test_gate_admits_correlated_noise_and_refuses_white_noise(rng, monkeypatch):
+    """Eq. (recorruption gate) on a read-out that returns the clean image: its residual is the noise."""
+    from indeed_cli.tasks.adaptation import runner
+
+    clean = np.full((3, 64, 64), 0.5, np.float32)
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: clean)
+    coloured = clean + _coloured_noise(rng, 1, 64)[0].astype(np.float32)
+    white = clean + rng.normal(0, 0.05, clean.shape).astype(np.float32)
+    ok, correlation, residual = runner.recorruption_gate(None, coloured)
+    assert ok and correlation > 0.4 and np.allclose(residual, coloured - clean)
+    assert not runner.recorruption_gate(None, white)[0]
+
+
+def test_objective_is_checked():
+    with pytest.raises(ValueError, match="objective"):
+        AdaptConfig(objective="r2r").check()
