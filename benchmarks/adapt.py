@@ -143,7 +143,8 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
         res = adapt(ck, [y for _, y, _ in data], AdaptConfig(**{**acfg.__dict__, "modules": base[3:]}))
         sync(device)
         adapt_s = time.perf_counter() - t
-        shared, ag_info, used = res.checkpoint, {"best_step": res.best_step, "stop": res.stop}, res.adapted_images
+        shared, used = res.checkpoint, res.adapted_images
+        ag_info = {"best_step": res.best_step, "stop": res.stop, "objective": res.objective}
         print(f"{method}: best step {res.best_step}, stop {res.stop}, {sum(used)} images", file=sys.stderr)
     if base == "oag":  # a fresh adaptation per image, acfg.group images at a time (one batched network)
         group = acfg.group or default_group(ck_device(ck))
@@ -191,7 +192,8 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
         sync(device)
         t = time.perf_counter()
         choice = None
-        if shared and adapted and ag_info["best_step"] > 0 and pixel_shuffle == 1:  # the library's per-image choice
+        # the library's per-image choice after the ELBO (the recorrupted objective's gate chose already)
+        if shared and adapted and ag_info["best_step"] > 0 and ag_info["objective"] == "elbo" and pixel_shuffle == 1:
             choice = choose_output(ck, shared, y, rules.min_change_ratio, rules.image_noise_bound, opts)
             out, adapted = np.clip(choice.output, 0, 1), choice.adapted
         else:
@@ -295,7 +297,7 @@ def render(rows: list[dict]) -> None:
                 stops[r["stop"]] = stops.get(r["stop"], 0) + 1
             objectives = {}
             for r in q:
-                if r.get("objective"):
+                if r.get("objective") and r.get("adapted"):
                     objectives[r["objective"]] = objectives.get(r["objective"], 0) + 1
             print(
                 f"{m} stop reasons: {stops}; mean best step {np.mean([r['best_step'] for r in q]):.1f}"

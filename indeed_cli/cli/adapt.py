@@ -96,7 +96,7 @@ def adapt_cmd(
             metavar="auto|elbo|recorrupted",
             help="elbo: the paper's objective; recorrupted: a self-supervised loss with noise drawn like the "
             "image's own (for correlated camera noise); auto: elbo, then recorrupted on images elbo left alone "
-            "(oag default; ag: elbo only).",
+            "(oag default; ag: elbo, the default, or recorrupted, one adaptation on the images its gate admits).",
         ),
     ] = None,
     noise_precision: Annotated[

@@ -77,10 +77,9 @@ def adapt_folder(
         raise UsageError(str(e)) from None
     if cfg.modules not in ("S", "L", "LS"):
         raise UsageError(f"--modules must be S, L or LS, got {cfg.modules!r}")
-    if mode == "ag" and cfg.objective not in (None, "elbo"):
-        # AG's per-image choice keeps the plain output wherever the plain model already removed
-        # much (camera noise): a shared recorrupted adaptation would be thrown away there
-        raise UsageError(f"--objective {cfg.objective} is for --mode oag; ag adapts with the elbo")
+    if mode == "ag" and cfg.objective == "auto":
+        # AG adapts once: after the ELBO, its per-image choice (not a second adaptation) decides
+        raise UsageError("--objective auto is for --mode oag; ag takes elbo or recorrupted")
     if save_weights and mode != "ag":
         raise UsageError("--save-weights goes with --mode ag (oag adapts a fresh copy per image)")
     output = Path(output)
@@ -186,9 +185,13 @@ def _steps(
             img = items[0][1]
             adapted, score = decided[id(img)]
             base = models.get(img.channels)
-            results = [shared if adapted else AdaptResult(base, [], 0, "in distribution", [score], [False])]
+            # an image the recorrupted objective's gate refused: white noise, left to the plain model
+            left = "uncorrelated noise" if shared.objective == "recorrupted" else "in distribution"
+            results = [shared if adapted else AdaptResult(base, [], 0, left, [score], [False])]
             together = [used if adapted else 1]
-            if adapted and shared.best_step > 0:  # per image: the adapted output or the plain one
+            # per image: the ELBO's adapted output or the plain one (the recorrupted objective's
+            # output is kept where its gate admitted the image, as in OAG)
+            if adapted and shared.best_step > 0 and shared.objective == "elbo":
                 choice = choose_output(
                     base, shared.checkpoint, img, rules.min_change_ratio, rules.image_noise_bound, opts
                 )

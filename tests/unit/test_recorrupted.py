@@ -146,6 +146,31 @@ def test_gate_admits_correlated_noise_and_refuses_white_noise(rng, monkeypatch):
     assert not runner.recorruption_gate(None, white)[0]
 
 
+def test_ag_recorrupted_adapts_once_for_the_images_its_gate_admits(rng, monkeypatch):
+    """InDeedAG with objective "recorrupted": one adaptation; adapted_images marks the images whose
+    pixel-shuffled residual is correlated (the white-noise image is left out)."""
+    from indeed_cli.tasks.adaptation import adapt, runner
+
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: _clean())
+    white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)
+    cfg = AdaptConfig(objective="recorrupted", lr=1e-3)
+    res = adapt(_ckpt(), [_noisy(rng)[0], white, _noisy(rng)[0]], cfg, tile=32)
+    assert res.objective == "recorrupted" and res.best_step > 0
+    assert res.adapted_images == [True, False, True]
+    assert [c >= 0.3 for c in res.recorrupted["correlation"]] == [True, False, True]
+
+
+def test_ag_learning_rate_default_follows_the_objective(monkeypatch):
+    from indeed_cli.tasks.adaptation import adapt, runner
+    from indeed_cli.tasks.adaptation.config import AG_LR, R2R_LR
+
+    monkeypatch.setattr(runner, "adapt_each", lambda ck, sets, cfg, tile, log: [cfg])
+    assert AG_LR != R2R_LR
+    assert adapt(None, [], AdaptConfig(objective="recorrupted")).lr == R2R_LR
+    assert adapt(None, [], AdaptConfig()).lr == AG_LR
+    assert adapt(None, [], AdaptConfig(objective="recorrupted", lr=1e-4)).lr == 1e-4
+
+
 def test_objective_is_checked():
     with pytest.raises(ValueError, match="objective"):
         AdaptConfig(objective="r2r").check()

@@ -35,6 +35,7 @@ from .config import (
     OAG_DEFAULTS,
     R2R_EVAL_DRAWS,
     R2R_EVAL_EVERY,
+    R2R_LR,
     R2R_MIN_CORRELATION,
     R2R_STEPS,
     AdaptConfig,
@@ -71,8 +72,10 @@ def adapt(
     ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig = AdaptConfig(), tile: int = 128, log=None
 ) -> AdaptResult:
     """InDeedAG: fine-tune one copy of ``ckpt`` on all ``images`` ((C, h, w) floats in [0, 1],
-    the model's channels)."""
-    return adapt_each(ckpt, [images], with_defaults(cfg, AG_DEFAULTS), tile, log)[0]
+    the model's channels).  With ``objective="recorrupted"`` the learning rate defaults to the one
+    that objective was chosen with (R2R_LR), not AG_LR."""
+    defaults = {**AG_DEFAULTS, "lr": R2R_LR} if cfg.objective == "recorrupted" else AG_DEFAULTS
+    return adapt_each(ckpt, [images], with_defaults(cfg, defaults), tile, log)[0]
 
 
 def adapt_each(
@@ -154,7 +157,10 @@ def adapt_each(
             images = [im for im, flag in zip(image_sets[i], res.adapted_images or [True] * len(image_sets[i])) if flag]
             outcome = adapt_recorrupted(ckpt, model, names, images, cfg, tile, res.stop)
             if outcome.best_step > 0:
-                results[i] = replace(outcome, ood_scores=res.ood_scores, adapted_images=res.adapted_images)
+                # the images the weights are meant for: those decided on and admitted by the gate
+                gate = iter(c >= R2R_MIN_CORRELATION for c in outcome.recorrupted["correlation"])
+                used = [bool(flag and next(gate)) for flag in res.adapted_images or [True] * len(image_sets[i])]
+                results[i] = replace(outcome, ood_scores=res.ood_scores, adapted_images=used)
             else:  # the ELBO's result stays, with what the recorrupted objective found
                 results[i] = replace(res, recorrupted=outcome.recorrupted)
     return results
@@ -178,10 +184,11 @@ def adapt_recorrupted(
     ckpt: Checkpoint, model, names: list[str], images: list[np.ndarray], cfg: AdaptConfig, tile: int, before: str
 ) -> AdaptResult:
     """The recorrupted-to-recorrupted adaptation (:mod:`.recorrupted`) of ``model``'s trainable
-    weights ``names`` on ``images``.  The result keeps the starting weights (best_step 0) when the
-    gate refuses every image, when the start's loss says the noise drawn is unlike what the model
-    removes (Eq. recorruption gate), or when no evaluation improved on the start; its
-    ``recorrupted`` dict says which.  ``before``: why the ELBO adaptation kept the start (recorded)."""
+    weights ``names`` on ``images``: one adaptation on the tiles of every image the gate admits
+    (Eq. recorruption gate), each tile's noise drawn from its own image's spectrum.  The result keeps
+    the starting weights (best_step 0) when the gate refuses every image or when no evaluation
+    improved on the start; its ``recorrupted`` dict says which, with the gate's correlation per
+    image.  ``before``: why the ELBO adaptation kept the start (recorded)."""
     device = next(model.parameters()).device
     gated = [recorruption_gate(ckpt, im) for im in images]
     facts: dict = {"correlation": [round(c, 4) for _, c, _ in gated]}
