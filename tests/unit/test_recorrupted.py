@@ -124,6 +124,16 @@ def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypat
     assert res.recorrupted["stop"] == "uncorrelated noise" and abs(res.recorrupted["correlation"][0]) < 0.3
 
 
+def test_recorrupted_adaptation_of_a_gray_model(rng, monkeypatch):
+    from indeed_cli.tasks.adaptation import runner
+
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: _clean(1))
+    ck = _ckpt(1)
+    res = adapt_each(ck, [_noisy(rng, c=1)], AdaptConfig(objective="recorrupted", lr=1e-2), tile=32)[0]
+    assert res.objective == "recorrupted" and res.best_step > 0
+    assert res.checkpoint.model(torch.zeros(1, 1, 32, 32)).mu_S.shape == (1, 1, 32, 32)
+
+
 def test_elbo_objective_never_runs_the_recorrupted_one(rng, monkeypatch):
     from indeed_cli.tasks.adaptation import runner
 
