@@ -1,5 +1,7 @@
 """Active generalization (paper §3.5): InDeedAG and InDeedOAG fine-tune one module of the network
-on out-of-distribution images with the unsupervised part of the ELBO."""
+on out-of-distribution images with the unsupervised part of the ELBO, and, for correlated camera
+noise the ELBO leaves in place, with a recorrupted-to-recorrupted objective (:mod:`.recorrupted`;
+``AdaptConfig.objective``)."""
 
 from .choice import ImageChoice, change_ratio, choose_output, removed_over_noise
 from .config import (
