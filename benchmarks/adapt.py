@@ -67,12 +67,6 @@ CAMERAS = {"canon600d": "canon600", "nikond800": "nikon800", "nikon": "nikon800"
 OBJECTS = {"plaso": "plan"}
 
 
-def gaussian_noisy(clean: np.ndarray, sigma: float, seed: int) -> np.ndarray:
-    """``clean`` plus white Gaussian noise of ``sigma`` (in [0, 1] units), clipped and rounded to 8 bits."""
-    noise = np.random.default_rng(seed).normal(0.0, sigma, clean.shape)
-    return (np.round(np.clip(clean + noise, 0, 1) * 255) / 255).astype(np.float32)
-
-
 def scene_of(name: str) -> str:
     """The PolyU scene of a file: camera and object, the same key for a PolyU100 crop
     (``Canon5D2_5_160_3200_chair_11_real.JPG``) and a full-resolution pair of the
@@ -424,8 +418,8 @@ def main() -> None:
                 if spec == "clean":  # no noise: what adaptation does to an image it should leave alone
                     sets.append((spec, [(n, c, c) for n, c in crops]))
                 elif spec.startswith("gauss:"):  # white Gaussian noise, 8-bit clipped, seeded per image
-                    sigma = float(spec[6:]) / 255
-                    sets.append((spec, [(n, gaussian_noisy(c, sigma, image_seed(n, 0)), c) for n, c in crops]))
+                    sigma = float(spec[6:])
+                    sets.append((spec, [(n, add_awgn(c, sigma, image_seed(n, 0), clipped8=True), c) for n, c in crops]))
                 else:
                     level, jpeg = parse_noise(spec)
                     sets.append((spec, [(n, *camera_pair(c, level, image_seed(n, 0), jpeg)) for n, c in crops]))

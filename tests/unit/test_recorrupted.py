@@ -181,6 +181,17 @@ def test_ag_learning_rate_default_follows_the_objective(monkeypatch):
     assert adapt(None, [], AdaptConfig(objective="recorrupted", lr=1e-4)).lr == 1e-4
 
 
+def test_tiles_and_owners_name_the_image_each_tile_was_cut_from(rng):
+    from indeed_cli.tasks.adaptation.runner import tiles_and_owners, tiles_of
+
+    images = [np.full((1, 64, 64), k, np.float32) + rng.random((1, 64, 64), np.float32) * 0.1 for k in range(3)]
+    for max_tiles in (12, 5):  # all tiles, and a random subset
+        tiles, owners = tiles_and_owners(images, 32, max_tiles, torch.Generator().manual_seed(0))
+        assert len(tiles) == len(owners) == min(12, max_tiles)
+        assert torch.equal(tiles.floor().flatten(1).amin(1).long(), owners)  # image k holds values in [k, k + 0.1)
+        assert torch.equal(tiles, tiles_of(images, 32, max_tiles, torch.Generator().manual_seed(0)))
+
+
 def test_objective_is_checked():
     with pytest.raises(ValueError, match="objective"):
         AdaptConfig(objective="r2r").check()

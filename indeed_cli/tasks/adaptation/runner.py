@@ -55,6 +55,13 @@ def tiles_of(
 ) -> torch.Tensor:
     """Reflected tiles of all images at ``stride`` (default ``tile``: non-overlapping), a random
     subset of at most ``max_tiles`` when there are more (chosen before cutting)."""
+    return tiles_and_owners(images, tile, max_tiles, gen, stride)[0]
+
+
+def tiles_and_owners(
+    images: list[np.ndarray], tile: int, max_tiles: int, gen: torch.Generator, stride: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tiles_of`, and the index in ``images`` of the image each tile was cut from."""
     grids = [TileGrid(im.shape[1], im.shape[2], tile, tile - (stride or tile)) for im in images]
     spots = [(i, y, x) for i, g in enumerate(grids) for y, x in g.positions()]
     if len(spots) > max_tiles:
@@ -65,7 +72,7 @@ def tiles_of(
         if i not in tensors:
             tensors[i] = torch.from_numpy(np.ascontiguousarray(images[i], dtype=np.float32))
         out.append(grids[i].cut(tensors[i], y, x))
-    return torch.stack(out)
+    return torch.stack(out), torch.tensor([i for i, _, _ in spots])
 
 
 def adapt(
@@ -154,12 +161,14 @@ def adapt_each(
         for i, res in enumerate(results):
             if res is None or res.best_step > 0 or res.stop == "in distribution":
                 continue
-            images = [im for im, flag in zip(image_sets[i], res.adapted_images or [True] * len(image_sets[i])) if flag]
-            outcome = adapt_recorrupted(ckpt, model, names, images, cfg, tile, res.stop)
+            flags = res.adapted_images or [True] * len(image_sets[i])
+            outcome = adapt_recorrupted(
+                ckpt, model, names, [im for im, f in zip(image_sets[i], flags) if f], cfg, tile, res.stop
+            )
             if outcome.best_step > 0:
                 # the images the weights are meant for: those decided on and admitted by the gate
-                gate = iter(c >= R2R_MIN_CORRELATION for c in outcome.recorrupted["correlation"])
-                used = [bool(flag and next(gate)) for flag in res.adapted_images or [True] * len(image_sets[i])]
+                admitted = iter(outcome.adapted_images)
+                used = [flag and next(admitted) for flag in flags]
                 results[i] = replace(outcome, ood_scores=res.ood_scores, adapted_images=used)
             else:  # the ELBO's result stays, with what the recorrupted objective found
                 results[i] = replace(res, recorrupted=outcome.recorrupted)
@@ -188,29 +197,25 @@ def adapt_recorrupted(
     (Eq. recorruption gate), each tile's noise drawn from its own image's spectrum.  The result keeps
     the starting weights (best_step 0) when the gate refuses every image or when no evaluation
     improved on the start; its ``recorrupted`` dict says which, with the gate's correlation per
-    image.  ``before``: why the ELBO adaptation kept the start (recorded)."""
+    image; ``adapted_images`` which images the gate admitted.  ``before``: why the ELBO adaptation
+    kept the start (recorded)."""
     device = next(model.parameters()).device
     gated = [recorruption_gate(ckpt, im) for im in images]
+    admitted = [ok for ok, _, _ in gated]
     facts: dict = {"correlation": [round(c, 4) for _, c, _ in gated]}
     chosen = [(im, r) for im, (ok, _, r) in zip(images, gated) if ok]
 
     def unchanged(stop: str, history=()) -> AdaptResult:
-        return AdaptResult(ckpt, list(history), 0, stop, objective="recorrupted", recorrupted={**facts, "stop": stop})
+        return AdaptResult(
+            ckpt, list(history), 0, stop, None, admitted, objective="recorrupted", recorrupted={**facts, "stop": stop}
+        )
 
     if not chosen:
         return unchanged("uncorrelated noise")
     gen = torch.Generator().manual_seed(cfg.seed)
-    roots, pools, owner = [], [], []
-    for k, (im, residual) in enumerate(chosen):
-        roots.append(spectrum_root(noise_spectrum(residual), tile).to(device))
-        t = tiles_of([im], tile, cfg.max_tiles, gen)
-        pools.append(t)
-        owner += [k] * len(t)
-    pool = torch.cat(pools).to(device)
-    owner = torch.tensor(owner)
-    if len(pool) > cfg.max_tiles:
-        keep = torch.randperm(len(pool), generator=gen)[: cfg.max_tiles]
-        pool, owner = pool[keep.to(device)], owner[keep]
+    roots = [spectrum_root(noise_spectrum(residual), tile).to(device) for _, residual in chosen]
+    pool, owner = tiles_and_owners([im for im, _ in chosen], tile, cfg.max_tiles, gen)
+    pool = pool.to(device)
     root_of = torch.stack(roots)  # (images, tile, tile, C, C)
     order = torch.randperm(len(pool), generator=gen)
     n_eval = min(len(pool), max(cfg.eval_tiles, min(len(chosen), 128)))
@@ -275,6 +280,8 @@ def adapt_recorrupted(
         history,
         best_step,
         "steps",
+        None,
+        admitted,
         objective="recorrupted",
         recorrupted=facts,
     )
