@@ -88,7 +88,7 @@ def test_recorrupted_adaptation_changes_only_f_theta_s_and_records_itself(rng, o
 
     # an untrained model's pixel-shuffled read-out is no denoiser: let it return the clean image, so
     # that the noise estimate is the noise itself
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: _clean())
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: _clean())
     ck = _ckpt()
     cfg = AdaptConfig(
         objective=objective,
@@ -116,7 +116,7 @@ def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypat
     """White noise: the gate refuses; the ELBO's result stays, with the gate's correlation."""
     from indeed_cli.tasks.adaptation import runner
 
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: np.full_like(y, 0.5))
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: np.full_like(y, 0.5))
     white = [np.clip(0.5 + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)]
     cfg = AdaptConfig(objective="auto", decide="always", max_change=1e-9)
     res = adapt_each(_ckpt(), [white], cfg, tile=32)[0]
@@ -127,7 +127,7 @@ def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypat
 def test_recorrupted_adaptation_of_a_gray_model(rng, monkeypatch):
     from indeed_cli.tasks.adaptation import runner
 
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: _clean(1))
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: _clean(1))
     ck = _ckpt(1)
     res = adapt_each(ck, [_noisy(rng, c=1)], AdaptConfig(objective="recorrupted", lr=1e-2), tile=32)[0]
     assert res.objective == "recorrupted" and res.best_step > 0
@@ -148,7 +148,7 @@ def test_gate_admits_correlated_noise_and_refuses_white_noise(rng, monkeypatch):
     from indeed_cli.tasks.adaptation import runner
 
     clean = np.full((3, 64, 64), 0.5, np.float32)
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: clean)
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: clean)
     coloured = clean + _coloured_noise(rng, 1, 64)[0].astype(np.float32)
     white = clean + rng.normal(0, 0.05, clean.shape).astype(np.float32)
     ok, correlation, residual = runner.recorruption_gate(None, coloured)
@@ -161,7 +161,7 @@ def test_ag_recorrupted_adapts_once_for_the_images_its_gate_admits(rng, monkeypa
     pixel-shuffled residual is correlated (the white-noise image is left out)."""
     from indeed_cli.tasks.adaptation import adapt, runner
 
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, pixel_shuffle=1: _clean())
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: _clean())
     white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)
     cfg = AdaptConfig(objective="recorrupted", lr=1e-3)
     res = adapt(_ckpt(), [_noisy(rng)[0], white, _noisy(rng)[0]], cfg, tile=32)
@@ -195,3 +195,42 @@ def test_tiles_and_owners_name_the_image_each_tile_was_cut_from(rng):
 def test_objective_is_checked():
     with pytest.raises(ValueError, match="objective"):
         AdaptConfig(objective="r2r").check()
+
+
+def test_grouped_recorrupted_adaptations_match_separate_ones(rng, monkeypatch):
+    """OAG groups the recorrupted adaptations as it groups the ELBO's: each image gets what it gets
+    alone (its own tiles, noise draws and kept step), the white-noise image the gate refuses too."""
+    from dataclasses import replace
+
+    from indeed_cli.tasks.adaptation import runner
+
+    clean = {}
+
+    def readout(ck, y, *a, pixel_shuffle=1):  # the clean image the noisy one was made from
+        return clean[y.tobytes()]
+
+    monkeypatch.setattr(runner, "denoise", readout)
+    images = []
+    for k, sigma in enumerate([0.05, 0.08, 0.03]):
+        base = (_clean() * (0.6 + 0.2 * k)).astype(np.float32)
+        y = np.clip(base + _coloured_noise(rng, 1, 64, sigma)[0], 0, 1).astype(np.float32)
+        clean[y.tobytes()] = base
+        images.append(y)
+    white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)
+    clean[white.tobytes()] = _clean()
+    images.append(white)
+    cfg = AdaptConfig(objective="recorrupted", lr=3e-3, batch=4)
+    ck = _ckpt()
+    together = adapt_each(ck, [[y] for y in images], replace(cfg, group=3), tile=32)
+    alone = [adapt_each(ck, [[y]], replace(cfg, group=1), tile=32)[0] for y in images]
+    assert [r.recorrupted["stop"] for r in alone][-1] == "uncorrelated noise"
+    assert sum(r.best_step > 0 for r in alone) >= 2  # the weights really moved
+    for a, b in zip(together, alone):
+        assert (a.best_step, a.objective, a.adapted_images) == (b.best_step, b.objective, b.adapted_images)
+        np.testing.assert_allclose([h["loss"] for h in a.history], [h["loss"] for h in b.history], rtol=1e-4)
+        assert a.recorrupted.keys() == b.recorrupted.keys()
+        assert a.recorrupted.get("noise_sigma", 0) == pytest.approx(b.recorrupted.get("noise_sigma", 0), rel=1e-5)
+        sa, sb = a.checkpoint.model.state_dict(), b.checkpoint.model.state_dict()
+        assert all(torch.allclose(sa[k], sb[k], atol=1e-5) for k in sb)
+    first, second = (together[i].checkpoint.model.state_dict() for i in (0, 1))
+    assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith("sparse."))

@@ -9,6 +9,31 @@ from ...model import posteriors as P
 from .config import AdaptConfig
 
 
+def decomposition(
+    model,
+    params: dict | None,
+    frozen: dict | None,
+    Y: torch.Tensor,
+    cfg: AdaptConfig,
+    sample: bool,
+    factors: tuple | None = None,
+):
+    """The network's decomposition of ``Y`` (fp32) as an adaptation step sees it.
+
+    ``params`` None: the model runs with its own weights (one adaptation; bf16 through autocast
+    where ``cfg.precision`` says so).  Otherwise ``params`` (the trainable weights) and
+    ``frozen`` (the others) go to the network functionally, so that several copies of the weights
+    can run at once under ``torch.vmap``.  ``factors``: the frozen low-rank module's outputs for
+    ``Y`` (:func:`lowrank_factors`).  f_thetaM, which adaptation never reads, is skipped."""
+    kwargs = {"sample": sample, "factors": factors, "with_support": False}
+    if params is None:
+        with torch.autocast(Y.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            d = model(Y, **kwargs)
+    else:
+        d = functional_call(model, {**params, **frozen}, (Y,), kwargs)
+    return d.float()
+
+
 def adaptation_objective(
     model,
     params: dict | None,
@@ -18,19 +43,9 @@ def adaptation_objective(
     sample: bool,
     factors: tuple | None = None,
 ):
-    """Eq. (active generalization loss) per sample and per element, and the output L + S.
-
-    ``params`` None: the model runs with its own weights (one adaptation).  Otherwise
-    ``params`` (the trainable weights) and ``frozen`` (the others) go to the network
-    functionally, so that several copies of the weights can run at once under ``torch.vmap``.
-    ``factors``: the frozen low-rank module's outputs for ``Y`` (:func:`lowrank_factors`).
-    """
-    if params is None:
-        with torch.autocast(Y.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-            d = model(Y, sample=sample, factors=factors)
-    else:
-        d = functional_call(model, {**params, **frozen}, (Y,), {"sample": sample, "factors": factors})
-    d = d.float()
+    """Eq. (active generalization loss) per sample and per element, and the output L + S
+    (arguments: :func:`decomposition`)."""
+    d = decomposition(model, params, frozen, Y, cfg, sample, factors)
     obj = P.collapsed_objective(d, Y.float(), cfg.modules, model.cfg.priors, cfg.noise_precision == "image")
     return obj / float(Y[0].numel()), d.L_hat + d.mu_S
 

@@ -22,7 +22,6 @@ spectrum in docs/model.md), from which z is drawn on each tile by filtering whit
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 SPECTRUM_BLOCK = 32  # pixels: the blocks the cross-spectrum is averaged over
@@ -30,49 +29,56 @@ SPECTRUM_LAG = 6  # pixels: the noise's autocovariance is kept (tapered) up to t
 ALPHA = 0.5  # Pang et al.'s recorruption strength
 
 
-def noise_spectrum(residual: np.ndarray, block: int = SPECTRUM_BLOCK) -> np.ndarray:
-    """Eq. (noise spectrum): the cross-spectral density of a (C, h, w) noise estimate, (C, C, block,
-    block) complex, the mean of the cross-periodograms of its ``block`` x ``block`` blocks (each
-    block's mean removed).  An image smaller than one block is used whole."""
-    r = np.asarray(residual, dtype=np.float64)
+def noise_spectrum(residual, block: int = SPECTRUM_BLOCK, device: torch.device | str | None = None) -> torch.Tensor:
+    """Eq. (noise spectrum): the cross-spectral density of a (C, h, w) noise estimate (array or
+    tensor), (C, C, block, block) complex128 on ``device`` (default: the tensor's, or the CPU), the
+    mean of the cross-periodograms of its ``block`` x ``block`` blocks (each block's mean removed).
+    An image smaller than one block is used whole."""
+    r = torch.as_tensor(residual).to(device=device, dtype=torch.float64)
     C, h, w = r.shape
     b = min(block, h, w)
     hb, wb = h // b, w // b
-    t = r[:, : hb * b, : wb * b].reshape(C, hb, b, wb, b).transpose(1, 3, 0, 2, 4).reshape(-1, C, b, b)
-    t = t - t.mean(axis=(2, 3), keepdims=True)
-    F = np.fft.fft2(t)
-    return np.einsum("nixy,njxy->ijxy", F, F.conj()) / (len(t) * b * b)
+    t = r[:, : hb * b, : wb * b].reshape(C, hb, b, wb, b).permute(1, 3, 0, 2, 4).reshape(-1, C, b, b)
+    t = t - t.mean(dim=(2, 3), keepdim=True)
+    F = torch.fft.fft2(t)
+    return torch.einsum("nixy,njxy->ijxy", F, F.conj()) / (len(t) * b * b)
 
 
-def spectrum_root(spectrum: np.ndarray, size: int, lag: int = SPECTRUM_LAG) -> torch.Tensor:
+def spectrum_root(spectrum: torch.Tensor, size: int, lag: int = SPECTRUM_LAG) -> torch.Tensor:
     """The Hermitian square root of ``spectrum`` (from :func:`noise_spectrum`) on a ``size`` x
-    ``size`` frequency grid, (size, size, C, C) complex64: the filter that turns white noise into
-    noise of that covariance.  The autocovariance is kept up to ``lag`` pixels with a cosine taper
-    (the block estimate is noisy at long lags) and negative eigenvalues are set to 0."""
+    ``size`` frequency grid, (size, size, C, C) complex64 on the spectrum's device: the filter that
+    turns white noise into noise of that covariance.  The autocovariance is kept up to ``lag`` pixels
+    with a cosine taper (the block estimate is noisy at long lags) and negative eigenvalues are set
+    to 0."""
     C, _, b, _ = spectrum.shape
-    cov = np.fft.ifft2(spectrum).real  # (C, C, b, b): autocovariance at circular lags
-    lags = np.fft.fftfreq(b, 1 / b).round().astype(int)
+    cov = torch.fft.ifft2(spectrum).real  # (C, C, b, b): autocovariance at circular lags
     lag = min(lag, (size - 1) // 2, (b - 1) // 2)
-    grid = np.zeros((C, C, size, size))
-    for iy, ky in enumerate(lags):
-        for ix, kx in enumerate(lags):
-            if abs(ky) <= lag and abs(kx) <= lag:
-                taper = np.cos(np.pi * ky / (2 * (lag + 1))) * np.cos(np.pi * kx / (2 * (lag + 1)))
-                grid[:, :, ky % size, kx % size] = cov[:, :, iy, ix] * taper
-    S = np.fft.fft2(grid).transpose(2, 3, 0, 1)  # (size, size, C, C)
-    S = 0.5 * (S + np.conj(S.transpose(0, 1, 3, 2)))
-    lam, V = np.linalg.eigh(S)
-    root = np.einsum("xyik,xyk,xyjk->xyij", V, np.sqrt(np.clip(lam, 0, None)), V.conj())
-    return torch.from_numpy(root.astype(np.complex64))
+    k = torch.arange(-lag, lag + 1, device=spectrum.device)
+    taper = torch.cos(torch.pi * k / (2 * (lag + 1))).to(cov.dtype)
+    grid = cov.new_zeros(C, C, size, size)
+    grid[:, :, (k % size)[:, None], (k % size)[None, :]] = cov[:, :, (k % b)[:, None], (k % b)[None, :]] * (
+        taper[:, None] * taper[None, :]
+    )
+    S = torch.fft.fft2(grid).permute(2, 3, 0, 1)  # (size, size, C, C)
+    S = 0.5 * (S + S.conj().transpose(-1, -2))
+    lam, V = torch.linalg.eigh(S)
+    root = (V * lam.clamp(min=0).sqrt().to(V.dtype)[..., None, :]) @ V.conj().transpose(-1, -2)
+    return root.to(torch.complex64)
 
 
 def correlated_noise(roots: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
     """One noise field per root: (n, C, size, size) float32 on ``roots``'s device, from ``roots``
-    (n, size, size, C, C) (:func:`spectrum_root`, one per tile).  The white noise is drawn on the
-    CPU from ``gen`` so that a seed gives the same noise on every device."""
+    (n, size, size, C, C) (:func:`spectrum_root`, one per tile).  The white noise is drawn from
+    ``gen`` on its device (a seed gives the same noise on the same kind of device)."""
     n, size, _, C, _ = roots.shape
-    white = torch.randn(n, C, size, size, generator=gen).to(roots.device)
-    W = torch.fft.fft2(white)
+    device = gen.device if gen is not None else roots.device
+    return coloured(roots, torch.randn(n, C, size, size, generator=gen, device=device))
+
+
+def coloured(roots: torch.Tensor, white: torch.Tensor) -> torch.Tensor:
+    """White noise ``white`` (n, C, size, size) filtered by ``roots`` (n, size, size, C, C): the
+    noise of :func:`correlated_noise` for white noise drawn elsewhere (several generators at once)."""
+    W = torch.fft.fft2(white.to(roots.device))
     Z = torch.einsum("nxyij,njxy->nixy", roots, W)
     return torch.fft.ifft2(Z).real.float()
 
@@ -83,11 +89,8 @@ def recorrupted_pair(Y: torch.Tensor, z: torch.Tensor, alpha: float = ALPHA) -> 
     return Y + alpha * z, Y - z / alpha
 
 
-def recorrupted_loss(model, Y: torch.Tensor, z: torch.Tensor, alpha: float = ALPHA, bf16: bool = False) -> torch.Tensor:
+def recorrupted_objective(X: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Eq. (recorrupted objective) per tile: the mean squared difference between the output L + S
-    of the recorrupted input and the other recorrupted copy, (n,) float32."""
-    noisier, target = recorrupted_pair(Y, z, alpha)
-    with torch.autocast(Y.device.type, dtype=torch.bfloat16, enabled=bf16):
-        d = model(noisier, sample=False, with_support=False)
-    X = (d.L_hat + d.mu_S).float()
-    return (X - target).square().flatten(1).mean(1)
+    ``X`` of the recorrupted input Y + alpha z and the other recorrupted copy ``target`` = Y - z / alpha
+    (:func:`recorrupted_pair`), one value per leading index (..., C, h, w) -> (...,), float32."""
+    return (X.float() - target).square().flatten(-3).mean(-1)

@@ -6,7 +6,7 @@
 Objective: :mod:`.objective`; stopping rule: :mod:`.stopping`; settings and defaults: :mod:`.config`.
 Where the ELBO keeps an image's starting weights, ``AdaptConfig.objective`` "auto" (OAG's default)
 tries the recorrupted-to-recorrupted objective for correlated noise (:mod:`.recorrupted`,
-:func:`adapt_recorrupted`), one image at a time.
+:func:`adapt_recorrupted`), grouped the same way.
 
 Several independent adaptations (OAG on a folder) run at once: their weights are stacked
 and the network runs under ``torch.vmap`` (``AdaptConfig.group`` at a time), each with its
@@ -45,8 +45,15 @@ from .config import (
     with_defaults,
 )
 from .noise_level import pooled_noise_sigma
-from .objective import adaptation_objective, lowrank_factors, take
-from .recorrupted import correlated_noise, noise_spectrum, recorrupted_loss, spectrum_root
+from .objective import adaptation_objective, decomposition, lowrank_factors, take
+from .recorrupted import (
+    coloured,
+    correlated_noise,
+    noise_spectrum,
+    recorrupted_objective,
+    recorrupted_pair,
+    spectrum_root,
+)
 from .stopping import EarlyStopping
 
 
@@ -129,50 +136,66 @@ def adapt_each(
             pool = tiles_of(images, tile, cfg.max_tiles, gen, cfg.train_stride).to(device)
         sigma = pooled_noise_sigma(images) if cfg.noise_bound else None  # the discrepancy bound's noise level
         jobs.append({"pool": pool, "eval": eval_set, "gen": gen, "batch": min(cfg.batch, len(pool)), "sigma": sigma})
-    group = cfg.group or default_group(device)
-    by_shape: dict[tuple, list[int]] = {}
-    for i, j in enumerate(jobs):  # entries batch together when their tensors have the same shapes
-        by_shape.setdefault((j["batch"], *j["eval"].shape), []).append(i)
-    for members in by_shape.values():
-        for c in range(0, len(members), group):
-            chunk = members[c : c + group]
-            outcome = _adapt_group(model, names, frozen, [jobs[i] for i in chunk], cfg, log)
-            for i, (best, history, best_step, stop) in zip(chunk, outcome):
-                adapted = model.with_parameters(best).eval()  # shares the frozen modules
-                training = {
-                    **ckpt.training,
-                    "adapted": {
-                        "parent": ckpt.source,
-                        **asdict(cfg),
-                        "best_step": best_step,
-                        "stop": stop,
-                        "noise_sigma": jobs[i]["sigma"],
-                        "loss_curve": history,
-                    },
-                }
-                results[todo[i]] = AdaptResult(
-                    Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
-                    history,
-                    best_step,
-                    stop,
-                    *decisions[todo[i]],
-                )
+    for i, job, (best, history, best_step, stop) in zip(todo, jobs, _run_jobs(model, names, frozen, jobs, cfg, log)):
+        adapted = model.with_parameters(best).eval()  # shares the frozen modules
+        training = {
+            **ckpt.training,
+            "adapted": {
+                "parent": ckpt.source,
+                **asdict(cfg),
+                "best_step": best_step,
+                "stop": stop,
+                "noise_sigma": job["sigma"],
+                "loss_curve": history,
+            },
+        }
+        results[i] = AdaptResult(
+            Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
+            history,
+            best_step,
+            stop,
+            *decisions[i],
+        )
     if cfg.objective in ("auto", "recorrupted"):
-        for i, res in enumerate(results):
-            if res is None or res.best_step > 0 or res.stop == "in distribution":
-                continue
-            flags = res.adapted_images or [True] * len(image_sets[i])
-            outcome = adapt_recorrupted(
-                ckpt, model, names, [im for im, f in zip(image_sets[i], flags) if f], cfg, tile, res.stop
-            )
+        again = [i for i, res in enumerate(results) if res.best_step == 0 and res.stop != "in distribution"]
+        flags = [results[i].adapted_images or [True] * len(image_sets[i]) for i in again]
+        outcomes = adapt_recorrupted(
+            ckpt,
+            model,
+            names,
+            frozen,
+            [[im for im, f in zip(image_sets[i], fl) if f] for i, fl in zip(again, flags)],
+            cfg,
+            tile,
+            [results[i].stop for i in again],
+            log,
+        )
+        for i, fl, outcome in zip(again, flags, outcomes):
+            res = results[i]
             if outcome.best_step > 0:
                 # the images the weights are meant for: those decided on and admitted by the gate
                 admitted = iter(outcome.adapted_images)
-                used = [flag and next(admitted) for flag in flags]
+                used = [flag and next(admitted) for flag in fl]
                 results[i] = replace(outcome, ood_scores=res.ood_scores, adapted_images=used)
             else:  # the ELBO's result stays, with what the recorrupted objective found
                 results[i] = replace(res, recorrupted=outcome.recorrupted)
     return results
+
+
+def _run_jobs(model, names: list[str], frozen: dict, jobs: list[dict], cfg: AdaptConfig, log) -> list[tuple]:
+    """:func:`_adapt_group` over ``jobs``, ``cfg.group`` at a time among those whose tensors have the
+    same shapes; the outcomes in the order of ``jobs``."""
+    group = cfg.group or default_group(next(model.parameters()).device)
+    by_shape: dict[tuple, list[int]] = {}
+    for i, j in enumerate(jobs):  # entries batch together when their tensors have the same shapes
+        by_shape.setdefault((j["batch"], *j["eval"].shape), []).append(i)
+    outcomes: list = [None] * len(jobs)
+    for members in by_shape.values():
+        for c in range(0, len(members), group):
+            chunk = members[c : c + group]
+            for i, outcome in zip(chunk, _adapt_group(model, names, frozen, [jobs[i] for i in chunk], cfg, log)):
+                outcomes[i] = outcome
+    return outcomes
 
 
 def recorruption_gate(ckpt: Checkpoint, image: np.ndarray) -> tuple[bool, float, np.ndarray]:
@@ -183,108 +206,121 @@ def recorruption_gate(ckpt: Checkpoint, image: np.ndarray) -> tuple[bool, float,
     It runs where R is correlated between neighbouring pixels (lag-1 correlation at least
     R2R_MIN_CORRELATION): demosaicked camera noise.  Where the noise is white the plain read-out
     removes it already, and R is mostly the white noise plus the detail the pixel-shuffled read-out
-    loses, so the noise drawn from it would be too strong."""
+    loses, so the noise drawn from it would be too strong.  The read-outs are fp32 whatever the
+    adaptation's precision: in bf16 they were no faster on an H200 (their time is per-call overhead)."""
     shuffled = denoise(ckpt, image, pixel_shuffle=2)
     c = removed_noise_correlation(image, shuffled)
     return c >= R2R_MIN_CORRELATION, c, image - shuffled
 
 
-def adapt_recorrupted(
-    ckpt: Checkpoint, model, names: list[str], images: list[np.ndarray], cfg: AdaptConfig, tile: int, before: str
-) -> AdaptResult:
-    """The recorrupted-to-recorrupted adaptation (:mod:`.recorrupted`) of ``model``'s trainable
-    weights ``names`` on ``images``: one adaptation on the tiles of every image the gate admits
-    (Eq. recorruption gate), each tile's noise drawn from its own image's spectrum.  The result keeps
-    the starting weights (best_step 0) when the gate refuses every image or when no evaluation
-    improved on the start; its ``recorrupted`` dict says which, with the gate's correlation per
-    image; ``adapted_images`` which images the gate admitted.  ``before``: why the ELBO adaptation
-    kept the start (recorded)."""
-    device = next(model.parameters()).device
+def recorrupted_settings(cfg: AdaptConfig) -> AdaptConfig:
+    """The settings the recorrupted adaptation runs with: R2R_STEPS steps, an evaluation every
+    R2R_EVAL_EVERY, the posterior means, and the evaluated weights with the lowest recorrupted
+    validation loss kept (the start's if none is lower); no trust region, noise bound, first-change
+    rule or patience, which were chosen for the ELBO's trajectories.  Learning rate, batch,
+    precision and group are ``cfg``'s."""
+    return replace(
+        cfg, steps=R2R_STEPS, eval_every=R2R_EVAL_EVERY, keep="best", patience=0, max_change=0.0,
+        noise_bound=0.0, collapse_ratio=0.0, decide="always", sample=False,
+    )  # fmt: skip
+
+
+def _recorrupted_job(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig, tile: int):
+    """The gate's verdict on ``images`` and, where it admits any, their adaptation job for
+    :func:`_adapt_group`: the tiles of the admitted images, the owner of each tile, one noise filter
+    per admitted image (Eq. noise spectrum), and the recorrupted evaluation tiles (R2R_EVAL_DRAWS
+    fixed noise draws per tile).  Returns (job or None, admitted flags, facts)."""
+    device = next(ckpt.model.parameters()).device
     gated = [recorruption_gate(ckpt, im) for im in images]
-    admitted = [ok for ok, _, _ in gated]
     facts: dict = {"correlation": [round(c, 4) for _, c, _ in gated]}
     chosen = [(im, r) for im, (ok, _, r) in zip(images, gated) if ok]
-
-    def unchanged(stop: str, history=()) -> AdaptResult:
-        return AdaptResult(
-            ckpt, list(history), 0, stop, None, admitted, objective="recorrupted", recorrupted={**facts, "stop": stop}
-        )
-
+    admitted = [ok for ok, _, _ in gated]
     if not chosen:
-        return unchanged("uncorrelated noise")
+        return None, admitted, facts
     gen = torch.Generator().manual_seed(cfg.seed)
-    roots = [spectrum_root(noise_spectrum(residual), tile).to(device) for _, residual in chosen]
+    roots = torch.stack([spectrum_root(noise_spectrum(residual, device=device), tile) for _, residual in chosen])
     pool, owner = tiles_and_owners([im for im, _ in chosen], tile, cfg.max_tiles, gen)
-    pool = pool.to(device)
-    root_of = torch.stack(roots)  # (images, tile, tile, C, C)
     order = torch.randperm(len(pool), generator=gen)
-    n_eval = min(len(pool), max(cfg.eval_tiles, min(len(chosen), 128)))
-    ev = order[:n_eval]
-    E = pool[ev.to(device)].repeat(R2R_EVAL_DRAWS, 1, 1, 1)
-    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    Ez = correlated_noise(root_of[owner[ev].repeat(R2R_EVAL_DRAWS).to(device)], eval_gen)
-    bf16 = cfg.precision == "bf16"
-    work = copy.deepcopy(model)
-    params = {n: work.get_parameter(n).requires_grad_(True) for n in names}
-    opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
+    ev = order[: min(len(pool), max(cfg.eval_tiles, min(len(chosen), 128)))].repeat(R2R_EVAL_DRAWS)
+    pool = pool.to(device)
+    # the noise is drawn on the device (on the host it took longer than a GPU's adaptation steps)
+    noise_gen = torch.Generator(device).manual_seed(cfg.seed + 1)
+    Ez = correlated_noise(roots[owner[ev].to(device)], noise_gen)
+    noisier, target = recorrupted_pair(pool[ev.to(device)], Ez)
+    # the drawn noise's level (recorded; with the start's loss over its variance: 1 + 1 / alpha^2 = 5
+    # plus the plain model's error, not used as a limit: docs/reports/2026-11-28-recorrupted-adaptation.md)
+    facts["noise_sigma"] = float(Ez.square().mean().sqrt()) * 255
+    job = {"pool": pool, "eval": noisier, "target": target, "gen": gen, "batch": min(cfg.batch, len(pool)),
+           "sigma": None, "roots": roots, "owner": owner, "noise_gen": noise_gen}  # fmt: skip
+    return job, admitted, facts
 
-    def evaluate() -> float:
-        with torch.no_grad():
-            return float(recorrupted_loss(work, E, Ez, bf16=bf16).mean()) * 255**2
 
-    start = evaluate()
-    history = [{"step": 0, "loss": start, "objective": "recorrupted"}]
-    # the drawn noise's level, and the start's loss over its variance (1 + 1 / alpha^2 = 5 plus the
-    # plain model's error on the recorrupted input; recorded, not used as a limit:
-    # docs/reports/2026-11-28-recorrupted-adaptation.md, section 5)
-    variance = float(Ez.square().mean()) * 255**2
-    facts.update(noise_sigma=round(float(np.sqrt(variance)), 4), start_ratio=round(start / max(variance, 1e-12), 4))
-    best, best_step = start, 0
-    best_params = {n: v.detach().clone() for n, v in params.items()}
-    b = min(cfg.batch, len(pool))
-    for step in range(1, R2R_STEPS + 1):
-        idx = torch.randint(len(pool), (b,), generator=gen)
-        z = correlated_noise(root_of[owner[idx].to(device)], gen)
-        loss = recorrupted_loss(work, pool[idx.to(device)], z, bf16=bf16).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % R2R_EVAL_EVERY and step != R2R_STEPS:
+def adapt_recorrupted(
+    ckpt: Checkpoint,
+    model,
+    names: list[str],
+    frozen: dict,
+    image_sets: list[list[np.ndarray]],
+    cfg: AdaptConfig,
+    tile: int,
+    before: list[str],
+    log=None,
+) -> list[AdaptResult]:
+    """The recorrupted-to-recorrupted adaptation (:mod:`.recorrupted`) of ``model``'s trainable
+    weights ``names`` (``frozen``: the others), one per entry of ``image_sets``, grouped as the
+    ELBO's adaptations are (:func:`_adapt_group`, settings :func:`recorrupted_settings`): each on
+    the tiles of the entry's images the gate admits (Eq. recorruption gate), each tile's noise drawn
+    from its own image's spectrum.  A result keeps the starting weights (best_step 0) when the gate
+    refuses every image or when no evaluation improved on the start; its ``recorrupted`` dict says
+    which, with the gate's correlation per image; ``adapted_images`` which images the gate admitted.
+    ``before``: why the ELBO adaptation kept the start, per entry (recorded)."""
+    r2r = recorrupted_settings(cfg)
+    prepared = [_recorrupted_job(ckpt, images, r2r, tile) for images in image_sets]
+    jobs = [job for job, _, _ in prepared if job is not None]
+    outcomes = iter(_run_jobs(model, names, frozen, jobs, r2r, log))
+    results = []
+    for (job, admitted, facts), elbo_stop in zip(prepared, before):
+        if job is None:
+            stop, history = "uncorrelated noise", []
+        else:
+            best, history, best_step, stop = next(outcomes)
+            variance = (facts["noise_sigma"]) ** 2
+            facts["noise_sigma"] = round(facts["noise_sigma"], 4)
+            facts["start_ratio"] = round(history[0]["loss"] / max(variance, 1e-12), 4)
+            if best_step == 0:
+                stop = "no improvement" if stop == "steps" else stop
+        if job is None or best_step == 0:
+            results.append(AdaptResult(ckpt, list(history), 0, stop, None, admitted, objective="recorrupted",
+                                       recorrupted={**facts, "stop": stop}))  # fmt: skip
             continue
-        value = evaluate()
-        history.append({"step": step, "loss": value, "objective": "recorrupted"})
-        if not np.isfinite(value):
-            break
-        if value < best:
-            best, best_step = value, step
-            best_params = {n: v.detach().clone() for n, v in params.items()}
-    if best_step == 0:
-        return unchanged("no improvement", history)
-    facts.update(stop="steps", best_step=best_step)
-    adapted = model.with_parameters(best_params).eval()
-    training = {
-        **ckpt.training,
-        "adapted": {
-            "parent": ckpt.source,
-            **asdict(cfg),
-            "objective": "recorrupted",
-            "elbo_stop": before,
-            "recorrupted": facts,
-            "best_step": best_step,
-            "stop": "steps",
-            "loss_curve": history,
-        },
-    }
-    return AdaptResult(
-        Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
-        history,
-        best_step,
-        "steps",
-        None,
-        admitted,
-        objective="recorrupted",
-        recorrupted=facts,
-    )
+        facts.update(stop=stop, best_step=best_step)
+        adapted = model.with_parameters(best).eval()
+        training = {
+            **ckpt.training,
+            "adapted": {
+                "parent": ckpt.source,
+                **asdict(cfg),
+                "objective": "recorrupted",
+                "elbo_stop": elbo_stop,
+                "recorrupted": facts,
+                "best_step": best_step,
+                "stop": stop,
+                "loss_curve": history,
+            },
+        }
+        results.append(
+            AdaptResult(
+                Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
+                history,
+                best_step,
+                stop,
+                None,
+                admitted,
+                objective="recorrupted",
+                recorrupted=facts,
+            )
+        )
+    return results
 
 
 def decide(
@@ -345,18 +381,28 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
 
     One entry runs the network directly on a working copy; several run under ``torch.vmap``
     with stacked weights, and entries that stop are dropped from the stack (with their Adam
-    state) so that the others run alone.  Returns per entry: its best trainable weights,
-    history, best step and stop reason.
+    state) so that the others run alone.  Jobs with noise filters ("roots", from
+    :func:`_recorrupted_job`) minimise the recorrupted objective instead of the ELBO: each batch is
+    recorrupted with noise drawn from its images' filters, and evaluation scores the output of the
+    job's recorrupted evaluation tiles against their "target" copies.  Returns per entry: its best
+    trainable weights, history, best step and stop reason.
     """
     K = len(jobs)
     device = jobs[0]["pool"].device
     cached = cfg.modules == "S"  # the frozen low-rank module's outputs are computed once
+    r2r = "roots" in jobs[0]
     if K == 1:  # the plain network: no functional_call or vmap overhead for a single adaptation
         work = copy.deepcopy(model)
         params = {n: work.get_parameter(n).requires_grad_(True) for n in names}
 
-        def run(p, Y, sample, F):
-            obj, X = adaptation_objective(work, None, None, Y[0], cfg, sample, take(F, lambda f: f[0]))
+        def run(p, Y, sample, F, T=None):
+            F1 = take(F, lambda f: f[0])
+            if T is None:
+                obj, X = adaptation_objective(work, None, None, Y[0], cfg, sample, F1)
+            else:
+                d = decomposition(work, None, None, Y[0], cfg, sample, F1)
+                X = d.L_hat + d.mu_S
+                obj = recorrupted_objective(X, T[0])
             return obj[None], X[None]
 
         view = {n: v.unsqueeze(0) for n, v in params.items()}  # (1, ...) views of the live weights
@@ -373,39 +419,47 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
         base = dict(model.named_parameters())
         params = {n: base[n].detach().unsqueeze(0).repeat(K, *[1] * base[n].dim()).requires_grad_(True) for n in names}
 
-        def objective(p, Y, F, s):
+        def objective(p, Y, F, T, s):
             if half:
                 p = {n: v.to(torch.bfloat16) for n, v in p.items()}
-            return adaptation_objective(model, p, frozen, Y, cfg, s, F)
+            if T is None:
+                return adaptation_objective(model, p, frozen, Y, cfg, s, F)
+            d = decomposition(model, p, frozen, Y, cfg, s, F)
+            X = d.L_hat + d.mu_S
+            return recorrupted_objective(X, T), X
 
         vmapped = {
             s: vmap(
-                lambda p, Y, F, s=s: objective(p, Y, F, s),
-                in_dims=(0, 0, 0 if cached else None),
+                lambda p, Y, F, T, s=s: objective(p, Y, F, T, s),
+                in_dims=(0, 0, 0 if cached else None, 0 if r2r else None),
                 randomness="different",
             )
             for s in (True, False)
         }
 
-        def run(p, Y, sample, F):
-            return vmapped[sample](p, Y, F)
+        def run(p, Y, sample, F, T=None):
+            return vmapped[sample](p, Y, F, T)
 
         view = params
     best_params = {n: v.detach().clone() for n, v in view.items()}
     opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
     E = torch.stack([j["eval"] for j in jobs])  # (K, n_eval, C, t, t)
+    targets = torch.stack([j["target"] for j in jobs]) if r2r else None
     size = max(len(j["pool"]) for j in jobs)
     pools = torch.zeros((K * size, *jobs[0]["pool"].shape[1:]), device=device)
     for k, j in enumerate(jobs):
         pools[k * size : k * size + len(j["pool"])] = j["pool"]
     b = jobs[0]["batch"]
-    pool_factors = lowrank_factors(model, pools, cfg) if cached else None
+    # recorrupted batches change every step, so their low-rank factors are computed per step
+    pool_factors = lowrank_factors(model, pools, cfg) if cached and not r2r else None
     eval_factors = lowrank_factors(model, E, cfg) if cached else None
     alive = list(range(K))  # entries still adapting, in stack order
 
     def evaluate(X0=None):
         with torch.no_grad():
-            obj, X = run(params, E, False, eval_factors)
+            obj, X = run(params, E, False, eval_factors, targets)
+            if r2r:  # the recorrupted validation loss, in squared 8-bit units
+                return [{"loss": v * 255**2, "objective": "recorrupted"} for v in obj.mean(1).tolist()], X
             loss, abs_N = obj.mean(1), (E - X).abs().flatten(1).mean(1)
             rms_N = 255 * (E - X).square().flatten(1).mean(1).sqrt()
             change = 255 * (X - X0).square().flatten(1).mean(1).sqrt() if X0 is not None else torch.zeros_like(loss)
@@ -418,17 +472,27 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
     ranks = _ranks() if K == 1 else None  # one adaptation shared by the ranks of a process group
     for step in range(1, cfg.steps + 1):
         idx = torch.stack([torch.randint(len(jobs[k]["pool"]), (b,), generator=jobs[k]["gen"]) for k in alive])
+        if r2r:  # each entry's noise from its own generator, each tile's from its image's filter
+            white = torch.stack(
+                [torch.randn(b, *pools.shape[1:], generator=jobs[k]["noise_gen"], device=device) for k in alive]
+            )
+            roots = torch.stack([jobs[k]["roots"][jobs[k]["owner"][i].to(device)] for k, i in zip(alive, idx)])
+            z = coloured(roots.flatten(0, 1), white.flatten(0, 1)).view(len(alive), b, *pools.shape[1:])
         split = ranks is not None and b >= ranks[1]
         if split:  # every rank draws the same batch and computes its part of it
             idx = idx[:, ranks[0] :: ranks[1]]
+            if r2r:
+                z = z[:, ranks[0] :: ranks[1]]
         nb = idx.shape[1]
         rows = (idx + torch.tensor(alive)[:, None] * size).flatten().to(device)
-        obj, _ = run(
-            params,
-            pools[rows].view(len(alive), nb, *pools.shape[1:]),
-            cfg.sample,
-            take(pool_factors, lambda f, rows=rows, n=len(alive), nb=nb: f[rows].view(n, nb, *f.shape[1:])),
-        )
+        Y = pools[rows].view(len(alive), nb, *pools.shape[1:])
+        if r2r:
+            Y, T = recorrupted_pair(Y, z)
+            F = lowrank_factors(model, Y, cfg) if cached else None
+        else:
+            T = None
+            F = take(pool_factors, lambda f, rows=rows, n=len(alive), nb=nb: f[rows].view(n, nb, *f.shape[1:]))
+        obj, _ = run(params, Y, cfg.sample, F, T)
         opt.zero_grad(set_to_none=True)
         # entries are independent: the sum gives each its own gradient; split over ranks, each rank's
         # part is a share of the whole batch's mean, and the ranks' gradients are summed (DDP's mean)
@@ -471,6 +535,7 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
             for n, v in params.items():
                 opt.state[v] = state[n]
             view, E, X0 = params, E[sel], X0[sel]
+            targets = targets[sel] if r2r else None
             eval_factors = take(eval_factors, lambda f, sel=sel: f[sel])
             alive = [alive[p] for p in keep]
     return [

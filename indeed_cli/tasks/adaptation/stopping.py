@@ -64,7 +64,8 @@ class EarlyStopping:
         keep = cfg.keep or "best"
         ratio = FIRST_CHANGE_RATIO if cfg.decide == "change" else None
         bound = cfg.noise_bound * noise_sigma if cfg.noise_bound and noise_sigma is not None else None
-        return cls(cfg.max_change, cfg.patience or 0, cfg.collapse_ratio, first["abs_N"], first["loss"], keep=keep,
+        abs_N = first.get("abs_N", 0.0)  # the recorrupted objective's records have none
+        return cls(cfg.max_change, cfg.patience or 0, cfg.collapse_ratio, abs_N, first["loss"], keep=keep,
                    first_change=ratio, start_rms_N=first.get("rms_N", 0.0), max_rms_N=bound)  # fmt: skip
 
     @property
@@ -86,7 +87,7 @@ class EarlyStopping:
             self.stop = "trust region"
         elif self.max_rms_N is not None and rec["rms_N"] > self.max_rms_N:
             self.stop = "noise level"
-        elif rec["abs_N"] < self.collapse_ratio * self.start_abs_N:
+        elif "abs_N" in rec and rec["abs_N"] < self.collapse_ratio * self.start_abs_N:  # the ELBO's records
             self.stop = "collapse"
         elif self.keep == "last":  # every evaluation inside the bounds
             self.best_step, self.bad = rec["step"], 0
