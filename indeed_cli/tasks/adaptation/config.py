@@ -107,6 +107,9 @@ AG_DEFAULTS = {
     "image_noise_bound": AG_IMAGE_NOISE_BOUND,
     "objective": AG_OBJECTIVE,
 }
+# InDeedAG with objective "recorrupted": AG's settings, with the learning rate that objective was chosen
+# with (R2R_LR; AG_LR's smaller steps were measured for the ELBO)
+AG_RECORRUPTED_DEFAULTS = {**AG_DEFAULTS, "lr": R2R_LR}
 OAG_DEFAULTS = {
     "lr": OAG_LR,
     "steps": OAG_STEPS,

@@ -32,10 +32,10 @@ from ...model import Checkpoint
 from ..ood import image_ood_score
 from .config import (
     AG_DEFAULTS,
+    AG_RECORRUPTED_DEFAULTS,
     OAG_DEFAULTS,
     R2R_EVAL_DRAWS,
     R2R_EVAL_EVERY,
-    R2R_LR,
     R2R_MIN_CORRELATION,
     R2R_STEPS,
     AdaptConfig,
@@ -87,8 +87,8 @@ def adapt(
 ) -> AdaptResult:
     """InDeedAG: fine-tune one copy of ``ckpt`` on all ``images`` ((C, h, w) floats in [0, 1],
     the model's channels).  With ``objective="recorrupted"`` the learning rate defaults to the one
-    that objective was chosen with (R2R_LR), not AG_LR."""
-    defaults = {**AG_DEFAULTS, "lr": R2R_LR} if cfg.objective == "recorrupted" else AG_DEFAULTS
+    that objective was chosen with (AG_RECORRUPTED_DEFAULTS), not AG_LR."""
+    defaults = AG_RECORRUPTED_DEFAULTS if cfg.objective == "recorrupted" else AG_DEFAULTS
     return adapt_each(ckpt, [images], with_defaults(cfg, defaults), tile, log)[0]
 
 
