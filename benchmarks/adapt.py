@@ -45,7 +45,7 @@ from indeed_cli.tasks.adaptation import (  # noqa: E402
     AdaptConfig,
     adapt,
     adapt_each,
-    choose_output,
+    ag_image_result,
     default_group,
     oag_readout,
 )
@@ -137,7 +137,8 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
         res = adapt(ck, [y for _, y, _ in data], AdaptConfig(**{**acfg.__dict__, "modules": base[3:]}))
         sync(device)
         adapt_s = time.perf_counter() - t
-        shared, used = res.checkpoint, res.adapted_images
+        shared, used = res, res.adapted_images
+        fallback_used = res.fallback.adapted_images if res.fallback else [False] * len(data)
         ag_info = {"best_step": res.best_step, "stop": res.stop, "objective": res.objective}
         print(f"{method}: best step {res.best_step}, stop {res.stop}, {sum(used)} images", file=sys.stderr)
     if base == "oag":  # a fresh adaptation per image, acfg.group images at a time (one batched network)
@@ -182,16 +183,20 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
                 )
         return rows
     rules = with_defaults(acfg, AG_DEFAULTS)  # the per-image choice after AG
-    for (name, y, x), adapted in zip(data, used):
+    for i, ((name, y, x), adapted) in enumerate(zip(data, used)):
         sync(device)
         t = time.perf_counter()
-        choice = None
-        # the library's per-image choice after the ELBO (the recorrupted objective's gate chose already)
-        if shared and adapted and ag_info["best_step"] > 0 and ag_info["objective"] == "elbo" and pixel_shuffle == 1:
-            choice = choose_output(ck, shared, y, rules.min_change_ratio, rules.image_noise_bound, opts)
-            out, adapted = np.clip(choice.output, 0, 1), choice.adapted
+        choice, res = None, None
+        # the library's per-image result after AG: the choice after the ELBO (the recorrupted
+        # objective's gate chose already), the fallback of objective auto
+        if shared and pixel_shuffle == 1:
+            res, choice = ag_image_result(
+                ck, shared, y, adapted, None, rules.min_change_ratio, rules.image_noise_bound, opts, fallback_used[i]
+            )
+            adapted = res.best_step > 0
+            out = np.clip(choice.output, 0, 1) if choice else denoise(res.checkpoint, y, opts)
         else:
-            out = denoise(shared if shared and adapted else ck, y, opts, pixel_shuffle=pixel_shuffle)
+            out = denoise(shared.checkpoint if shared and adapted else ck, y, opts, pixel_shuffle=pixel_shuffle)
         sync(device)
         seconds = time.perf_counter() - t  # before the metrics: SSIM of a 512x512 image takes ~0.07 s
         rows.append(
@@ -203,7 +208,8 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
                 "seconds": seconds,
                 "adapt_seconds_total": adapt_s,
                 **ag_info,
-                **({"adapted": adapted and ag_info["best_step"] > 0} if shared else {}),
+                **({"objective": res.objective} if res is not None and res.best_step > 0 else {}),
+                **({"adapted": adapted and (res is not None or ag_info["best_step"] > 0)} if shared else {}),
                 **({"change_ratio": choice.ratio, "removed_over_noise": choice.removed} if choice is not None else {}),
             }
         )

@@ -95,8 +95,9 @@ def adapt_cmd(
             "--objective",
             metavar="auto|elbo|recorrupted",
             help="elbo: the paper's objective; recorrupted: a self-supervised loss with noise drawn like the "
-            "image's own (for correlated camera noise); auto: elbo, then recorrupted on images elbo left alone "
-            "(oag default; ag: elbo, the default, or recorrupted, one adaptation on the images its gate admits).",
+            "image's own (for correlated camera noise); auto (default): elbo, then recorrupted on images elbo "
+            "left alone (oag: per image; ag: one adaptation on the images its gate admits, whose output an image "
+            "takes where the per-image choice does not keep the elbo's).",
         ),
     ] = None,
     noise_precision: Annotated[
@@ -118,7 +119,12 @@ def adapt_cmd(
         ),
     ] = None,
     save_weights: Annotated[
-        Path | None, typer.Option("--save-weights", metavar="PATH", help="ag: write the adapted checkpoint here.")
+        Path | None,
+        typer.Option(
+            "--save-weights",
+            metavar="PATH",
+            help="ag: write the adapted checkpoint here (auto: the elbo's; the recorrupted fallback is not written).",
+        ),
     ] = None,
     group: Annotated[
         int | None,

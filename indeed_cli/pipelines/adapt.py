@@ -25,7 +25,7 @@ from ..tasks.adaptation import (
     ImageChoice,
     adapt,
     adapt_images,
-    choose_output,
+    ag_image_result,
     default_group,
     oag_readout,
 )
@@ -77,9 +77,6 @@ def adapt_folder(
         raise UsageError(str(e)) from None
     if cfg.modules not in ("S", "L", "LS"):
         raise UsageError(f"--modules must be S, L or LS, got {cfg.modules!r}")
-    if mode == "ag" and cfg.objective == "auto":
-        # AG adapts once: after the ELBO, its per-image choice (not a second adaptation) decides
-        raise UsageError("--objective auto is for --mode oag; ag takes elbo or recorrupted")
     if save_weights and mode != "ag":
         raise UsageError("--save-weights goes with --mode ag (oag adapts a fresh copy per image)")
     output = Path(output)
@@ -159,17 +156,25 @@ def _steps(
         progress.note(f"adapting module {cfg.modules} on {len(pool)} images (at most {steps} steps)")
         with process_group_for(models.device):
             shared = adapt(base, [x for p in planes for x in p], cfg, opts.tile)
-        # per input: the adapted weights if any of its planes was adapted on (decide="ood"), its score
+        # per input: the adapted weights if any of its planes was adapted on (decide="ood", the gate of
+        # the recorrupted objective), its score, and whether the fallback (objective auto) adapted on it
         ends = np.cumsum([len(p) for p in planes])
         flags, scores = shared.adapted_images, shared.ood_scores
+        fallback = shared.fallback.adapted_images if shared.fallback else [False] * len(flags)
         decided = {
-            id(img): (any(flags[e - len(p) : e]), _max_score(scores[e - len(p) : e]))
+            id(img): (any(flags[e - len(p) : e]), _max_score(scores[e - len(p) : e]), any(fallback[e - len(p) : e]))
             for img, p, e in zip(pool, planes, ends)
         }
-        used = sum(a for a, _ in decided.values())
+        used = sum(a for a, _, _ in decided.values())
         progress.note(
             f"adapted module {cfg.modules} on {used} of {len(pool)} images in {time.perf_counter() - t0:.1f} s "
             f"(best step {shared.best_step}, stopped: {shared.stop})"
+            + (
+                f"; the recorrupted objective on {sum(f for _, _, f in decided.values())} (best step "
+                f"{shared.fallback.best_step}) for images that keep the plain output"
+                if shared.fallback
+                else ""
+            )
         )
         if save_weights:
             ck = shared.checkpoint
@@ -183,20 +188,14 @@ def _steps(
         choice = None
         if shared:
             img = items[0][1]
-            adapted, score = decided[id(img)]
+            adapted, score, fallback_used = decided[id(img)]
             base = models.get(img.channels)
-            # an image the recorrupted objective's gate refused: white noise, left to the plain model
-            left = "uncorrelated noise" if shared.objective == "recorrupted" else "in distribution"
-            results = [shared if adapted else AdaptResult(base, [], 0, left, [score], [False])]
-            together = [used if adapted else 1]
             # per image: the ELBO's adapted output or the plain one (the recorrupted objective's
-            # output is kept where its gate admitted the image, as in OAG)
-            if adapted and shared.best_step > 0 and shared.objective == "elbo":
-                choice = choose_output(
-                    base, shared.checkpoint, img, rules.min_change_ratio, rules.image_noise_bound, opts
-                )
-                if not choice.adapted:  # the starting weights, as for an image AG did not adapt on
-                    results = [AdaptResult(base, shared.history, 0, shared.stop, [score], [True])]
+            # output is kept where its gate admitted the image, as in OAG), or the fallback's
+            res, choice = ag_image_result(
+                base, shared, img, adapted, score, rules.min_change_ratio, rules.image_noise_bound, opts, fallback_used
+            )
+            results, together = [res], [used if res.best_step > 0 else 1]
         else:  # oag: each image adapted alone with its own channel count's checkpoint, in batched runs
             results, together = adapt_images(
                 [(models.get(img.channels), img.data) for _, img, _ in items], cfg, opts.tile

@@ -285,8 +285,7 @@ def test_ag_keeps_the_plain_output_below_the_change_ratio(run_cli, tmp_path, rng
 
 def test_objective_option(run_cli, tmp_path, rng, ckpt_paths):
     """--objective: auto reports which objective's weights each image kept; ag takes recorrupted
-    (without the ELBO's per-image choice); a bad value and auto with --mode ag exit 2 and write
-    nothing."""
+    (without the ELBO's per-image choice) and auto; a bad value exits 2 and writes nothing."""
     d = tmp_path / "in"
     d.mkdir()
     write_png(d / "a.png", rng.integers(0, 256, (40, 36, 3), dtype=np.uint8))
@@ -302,6 +301,10 @@ def test_objective_option(run_cli, tmp_path, rng, ckpt_paths):
     assert code == 0, err
     rec = json.loads(out.splitlines()[0])
     assert rec["objective"] in (None, "recorrupted") and rec["change_ratio"] is None  # no ELBO choice
-    for bad, mode in (("r2r", "oag"), ("auto", "ag")):
+    code, out, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "ag-auto", "--objective", "auto", *common)
+    assert code == 0, err
+    rec = json.loads(out.splitlines()[0])
+    assert rec["objective"] in (None, "elbo", "recorrupted") and (rec["objective"] is None) == (not rec["adapted"])
+    for bad, mode in (("r2r", "oag"), ("r2r", "ag")):
         code, _, err = run_cli("adapt", d, "--mode", mode, "-o", tmp_path / f"bad-{mode}", "--objective", bad, *common)
         assert code == 2 and "objective" in err and not (tmp_path / f"bad-{mode}").exists()

@@ -177,7 +177,7 @@ def test_ag_learning_rate_default_follows_the_objective(monkeypatch):
     monkeypatch.setattr(runner, "adapt_each", lambda ck, sets, cfg, tile, log: [cfg])
     assert AG_LR != R2R_LR
     assert adapt(None, [], AdaptConfig(objective="recorrupted")).lr == R2R_LR
-    assert adapt(None, [], AdaptConfig()).lr == AG_LR
+    assert adapt(None, [], AdaptConfig(objective="elbo")).lr == AG_LR
     assert adapt(None, [], AdaptConfig(objective="recorrupted", lr=1e-4)).lr == 1e-4
 
 
@@ -234,3 +234,32 @@ def test_grouped_recorrupted_adaptations_match_separate_ones(rng, monkeypatch):
         assert all(torch.allclose(sa[k], sb[k], atol=1e-5) for k in sb)
     first, second = (together[i].checkpoint.model.state_dict() for i in (0, 1))
     assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith("sparse."))
+
+
+def test_ag_auto_keeps_a_recorrupted_fallback_for_images_the_elbo_output_leaves(rng, monkeypatch):
+    """InDeedAG with objective "auto": the ELBO's adaptation, and the recorrupted one on the same images
+    as its fallback; per image (ag_image_result) the ELBO's output where the choice keeps it, else the
+    fallback's where its gate admitted the image, else the plain model's."""
+    from indeed_cli.tasks.adaptation import adapt, ag_image_result, runner
+
+    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: _clean())
+    white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)
+    images = [_noisy(rng)[0], white]
+    ck = _ckpt()
+    res = adapt(ck, images, AdaptConfig(objective="auto", lr=1e-3, max_change=0.0), tile=32)
+    assert res.objective == "elbo" and res.best_step > 0 and res.adapted_images == [True, True]
+    fb = res.fallback
+    assert fb.objective == "recorrupted" and fb.best_step > 0 and fb.adapted_images == [True, False]
+    sd = {n: t for n, t in fb.checkpoint.model.state_dict().items() if n.startswith("sparse.")}
+    assert any(not torch.equal(t, res.checkpoint.model.state_dict()[n]) for n, t in sd.items())  # two adaptations
+    y = images[0]
+    kept, choice = ag_image_result(ck, res, y, True, None, 0.0, 0.0, fallback_used=True)  # no bound: ELBO kept
+    assert kept is res and choice.adapted
+    left, choice = ag_image_result(ck, res, y, True, None, 1e9, 0.0, fallback_used=True)  # ELBO output left
+    assert left is fb and choice is None
+    plain, choice = ag_image_result(ck, res, white, True, None, 1e9, 0.0, fallback_used=False)  # gate refused
+    assert plain.best_step == 0 and plain.checkpoint is ck and not choice.adapted
+    unused, choice = ag_image_result(ck, res, y, False, 0.5, 1e9, 0.0, fallback_used=False)
+    assert unused.best_step == 0 and unused.adapted_images == [False] and choice is None
+    # the ELBO alone (AG's default) has no fallback
+    assert adapt(ck, images, AdaptConfig(objective="elbo", steps=2), tile=32).fallback is None

@@ -3,7 +3,7 @@ on out-of-distribution images with the unsupervised part of the ELBO, and, for c
 noise the ELBO leaves in place, with a recorrupted-to-recorrupted objective (:mod:`.recorrupted`;
 ``AdaptConfig.objective``)."""
 
-from .choice import ImageChoice, change_ratio, choose_output, removed_over_noise
+from .choice import ImageChoice, ag_image_result, change_ratio, choose_output, removed_over_noise
 from .config import (
     AG_DECIDE,
     AG_IMAGE_NOISE_BOUND,
@@ -40,6 +40,7 @@ __all__ = [
     "adapt_each",
     "adapt_images",
     "adaptation_objective",
+    "ag_image_result",
     "change_ratio",
     "choose_output",
     "default_group",

@@ -20,6 +20,7 @@ import numpy as np
 
 from ...inference import InferenceOptions, as_image, denoise_with_stats
 from ...model import Checkpoint
+from .config import AdaptResult
 from .noise_level import block_noise_sigma
 
 
@@ -73,3 +74,38 @@ def choose_output(
     if ratio >= min_ratio and (noise_bound <= 0 or removed <= noise_bound):
         return ImageChoice(True, ratio, removed, out, stats)
     return ImageChoice(False, ratio, removed, plain, plain_stats)
+
+
+def ag_image_result(
+    base: Checkpoint,
+    shared: AdaptResult,
+    image,
+    used: bool,
+    score: float | None,
+    min_ratio: float,
+    noise_bound: float = 0.0,
+    opts: InferenceOptions | None = None,
+    fallback_used: bool = False,
+) -> tuple[AdaptResult, ImageChoice | None]:
+    """InDeedAG's result for one image of the folder ``shared`` was adapted on: whose weights give
+    its output, and the per-image choice where one was made (its ``output`` is then that output).
+
+    ``used``: the adaptation used the image (decide="ood", the recorrupted objective's gate);
+    ``score``: its OOD score.  After the ELBO, :func:`choose_output` keeps the adapted output or the
+    plain one; where the image keeps the starting weights (not used, the choice kept the plain
+    output, or the ELBO kept its start) and ``shared.fallback`` (objective "auto") adapted on it
+    (``fallback_used``: its gate admitted the image), the fallback's weights give its output."""
+    left = "uncorrelated noise" if shared.objective == "recorrupted" else "in distribution"
+    choice = None
+    if not used:
+        result = AdaptResult(base, [], 0, left, [score], [False])
+    elif shared.best_step > 0 and shared.objective == "elbo":
+        choice = choose_output(base, shared.checkpoint, image, min_ratio, noise_bound, opts)
+        # not kept: the starting weights, as for an image AG did not adapt on
+        result = shared if choice.adapted else AdaptResult(base, shared.history, 0, shared.stop, [score], [True])
+    else:
+        result = shared
+    fallback = shared.fallback
+    if result.best_step == 0 and fallback is not None and fallback.best_step > 0 and fallback_used:
+        return fallback, None
+    return result, choice

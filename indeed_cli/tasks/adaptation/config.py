@@ -89,11 +89,16 @@ R2R_MIN_CORRELATION = 0.3
 # over plain where the ELBO alone gained nothing, left PolyU100 as it was (37.36 dB on the scene-test
 # half) and white Gaussian noise untouched.  It costs time where it runs (an H200, bf16, batched over
 # OAG's groups: 0.14 s per 512 x 512 image against 0.04-0.05 for the ELBO alone) and, on photographs
-# without noise, detail (the ELBO's losses there are larger).  AG keeps the ELBO by default: on
-# PolyU100 the recorrupted objective changed nothing where the ELBO gains 1.3 dB; AG with objective
-# "recorrupted" adapts on the images its gate admits and skips the ELBO's per-image choice (+2.4 /
-# +4.0 dB on held-out heavy camera noise).
-AG_OBJECTIVE = "elbo"
+# without noise, detail (the ELBO's losses there are larger).  AG with objective "recorrupted" adapts
+# on the images its gate admits and skips the ELBO's per-image choice (+2.4 / +4.0 dB on held-out heavy
+# camera noise); on PolyU100 it changed nothing, where the ELBO gains 1.3 dB.  So AG's default, "auto",
+# runs both and gives an image the recorrupted output only where the per-image choice did not keep the
+# ELBO's (choice.ag_image_result): on development data (the first 10 training crops of each set, 2-core
+# CPU, bf16) the ELBO kept no camera-noise crop and "auto" gained +0.66 / +1.51 dB (light) and +2.36 /
+# +6.38 (heavy) over it, the same +1.45 on PolyU100's scene-dev half, and lost 1.36 / 1.01 dB on crops
+# without noise, where the ELBO's choice keeps the plain output
+# (docs/reports/2026-11-28-recorrupted-adaptation.md, section 11).
+AG_OBJECTIVE = "auto"
 OAG_OBJECTIVE = "auto"
 # The settings left None in AdaptConfig, per mode: adapt() (InDeedAG) and adapt_each() (InDeedOAG)
 AG_DEFAULTS = {
@@ -148,7 +153,8 @@ class AdaptConfig:
     image_noise_bound: float | None = None
     collapse_ratio: float = 0.2
     # "elbo": the paper's objective; "recorrupted": recorrupted-to-recorrupted (recorrupted.py) only;
-    # "auto": the ELBO, then the recorrupted objective where the ELBO kept the starting weights;
+    # "auto": the ELBO, then the recorrupted objective where the ELBO kept the starting weights (OAG)
+    # or where the per-image choice did not keep the ELBO's output (AG: AdaptResult.fallback);
     # None: AG_OBJECTIVE in adapt(), OAG_OBJECTIVE otherwise
     objective: str | None = None
     decide: str | None = None  # "change", "ood" or "always"; None: AG_DECIDE in adapt(), OAG_DECIDE otherwise
@@ -201,6 +207,9 @@ class AdaptResult:
     # where the recorrupted objective was tried: its gate's correlation(s), noise level, start ratio,
     # why it stopped (runner.adapt_recorrupted); None where it was not tried
     recorrupted: dict | None = None
+    # InDeedAG with objective "auto": the recorrupted adaptation on the same images, whose output an
+    # image takes where the ELBO's does not stay (choice.ag_image_result); None otherwise
+    fallback: AdaptResult | None = None
     # InDeedOAG's results share the modules they did not adapt (InDeed.with_parameters; read-only:
     # changing one in place changes them all); each holds its adapted module's weights of its own.
 

@@ -87,7 +87,12 @@ def adapt(
 ) -> AdaptResult:
     """InDeedAG: fine-tune one copy of ``ckpt`` on all ``images`` ((C, h, w) floats in [0, 1],
     the model's channels).  With ``objective="recorrupted"`` the learning rate defaults to the one
-    that objective was chosen with (AG_RECORRUPTED_DEFAULTS), not AG_LR."""
+    that objective was chosen with (AG_RECORRUPTED_DEFAULTS), not AG_LR.  ``objective="auto"``: the
+    ELBO's adaptation, with the recorrupted one on the same images as its ``fallback``, for the
+    images whose ELBO output the per-image choice does not keep (choice.ag_image_result)."""
+    if (cfg.objective or AG_DEFAULTS["objective"]) == "auto":
+        first = adapt(ckpt, images, replace(cfg, objective="elbo"), tile, log)
+        return replace(first, fallback=adapt(ckpt, images, replace(cfg, objective="recorrupted"), tile, log))
     defaults = AG_RECORRUPTED_DEFAULTS if cfg.objective == "recorrupted" else AG_DEFAULTS
     return adapt_each(ckpt, [images], with_defaults(cfg, defaults), tile, log)[0]
 
