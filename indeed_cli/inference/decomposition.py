@@ -345,10 +345,13 @@ def removed_noise_correlation(noisy: np.ndarray, plain: np.ndarray) -> float:
     Gaussian noise, positive for demosaiced camera noise (and for image structure a read-out removes)."""
     n = noisy.astype(np.float64) - plain
     n -= n.mean(axis=(1, 2), keepdims=True)
-    num = (n[:, :, 1:] * n[:, :, :-1]).sum() + (n[:, 1:] * n[:, :-1]).sum()
-    den = np.sqrt((n[:, :, 1:] ** 2).sum() * (n[:, :, :-1] ** 2).sum()) + np.sqrt(
-        (n[:, 1:] ** 2).sum() * (n[:, :-1] ** 2).sum()
-    )
+
+    def dot(a: np.ndarray, b: np.ndarray) -> float:  # sum of a * b without the product array
+        return float(np.einsum("cij,cij->", a, b))
+
+    right, left, down, up = n[:, :, 1:], n[:, :, :-1], n[:, 1:], n[:, :-1]
+    num = dot(right, left) + dot(down, up)
+    den = np.sqrt(dot(right, right) * dot(left, left)) + np.sqrt(dot(down, down) * dot(up, up))
     return float(num / den) if den > 0 else 0.0
 
 
