@@ -7,9 +7,10 @@ from torch.func import functional_call
 
 from ...model import posteriors as P
 from .config import AdaptConfig
+from .recorrupted import recorrupted_objective
 
 
-def decomposition(
+def adaptation_objective(
     model,
     params: dict | None,
     frozen: dict | None,
@@ -17,8 +18,11 @@ def decomposition(
     cfg: AdaptConfig,
     sample: bool,
     factors: tuple | None = None,
+    target: torch.Tensor | None = None,
 ):
-    """The network's decomposition of ``Y`` (fp32) as an adaptation step sees it.
+    """Eq. (active generalization loss) per sample and per element, or, given ``target`` (for a
+    recorrupted ``Y``, the other recorrupted copy: recorrupted.recorrupted_pair), Eq. (recorrupted
+    objective) per sample; and the output L + S.
 
     ``params`` None: the model runs with its own weights (one adaptation; bf16 through autocast
     where ``cfg.precision`` says so).  Otherwise ``params`` (the trainable weights) and
@@ -31,23 +35,12 @@ def decomposition(
             d = model(Y, **kwargs)
     else:
         d = functional_call(model, {**params, **frozen}, (Y,), kwargs)
-    return d.float()
-
-
-def adaptation_objective(
-    model,
-    params: dict | None,
-    frozen: dict | None,
-    Y: torch.Tensor,
-    cfg: AdaptConfig,
-    sample: bool,
-    factors: tuple | None = None,
-):
-    """Eq. (active generalization loss) per sample and per element, and the output L + S
-    (arguments: :func:`decomposition`)."""
-    d = decomposition(model, params, frozen, Y, cfg, sample, factors)
+    d = d.float()
+    X = d.L_hat + d.mu_S
+    if target is not None:
+        return recorrupted_objective(X, target), X
     obj = P.collapsed_objective(d, Y.float(), cfg.modules, model.cfg.priors, cfg.noise_precision == "image")
-    return obj / float(Y[0].numel()), d.L_hat + d.mu_S
+    return obj / float(Y[0].numel()), X
 
 
 def lowrank_factors(model, tiles: torch.Tensor, cfg: AdaptConfig, chunk: int = 256) -> tuple[torch.Tensor, ...]:

@@ -45,12 +45,11 @@ from .config import (
     with_defaults,
 )
 from .noise_level import pooled_noise_sigma
-from .objective import adaptation_objective, decomposition, lowrank_factors, take
+from .objective import adaptation_objective, lowrank_factors, take
 from .recorrupted import (
     coloured,
     correlated_noise,
     noise_spectrum,
-    recorrupted_objective,
     recorrupted_pair,
     spectrum_root,
 )
@@ -401,13 +400,8 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
         params = {n: work.get_parameter(n).requires_grad_(True) for n in names}
 
         def run(p, Y, sample, F, T=None):
-            F1 = take(F, lambda f: f[0])
-            if T is None:
-                obj, X = adaptation_objective(work, None, None, Y[0], cfg, sample, F1)
-            else:
-                d = decomposition(work, None, None, Y[0], cfg, sample, F1)
-                X = d.L_hat + d.mu_S
-                obj = recorrupted_objective(X, T[0])
+            T1 = None if T is None else T[0]
+            obj, X = adaptation_objective(work, None, None, Y[0], cfg, sample, take(F, lambda f: f[0]), T1)
             return obj[None], X[None]
 
         view = {n: v.unsqueeze(0) for n, v in params.items()}  # (1, ...) views of the live weights
@@ -427,11 +421,7 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
         def objective(p, Y, F, T, s):
             if half:
                 p = {n: v.to(torch.bfloat16) for n, v in p.items()}
-            if T is None:
-                return adaptation_objective(model, p, frozen, Y, cfg, s, F)
-            d = decomposition(model, p, frozen, Y, cfg, s, F)
-            X = d.L_hat + d.mu_S
-            return recorrupted_objective(X, T), X
+            return adaptation_objective(model, p, frozen, Y, cfg, s, F, T)
 
         vmapped = {
             s: vmap(

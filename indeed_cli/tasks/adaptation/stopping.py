@@ -12,7 +12,7 @@ means on a fixed set of tiles.  An adaptation stops
     (discrepancy bound) in docs/model.md.  Removing more than the noise removes image: on real
     camera noise OAG's PSNR peaked when N reached about the noise the plain model had left in,
     and fell after while the objective still improved (docs/reports/2026-11-28-adaptation-noise-level.md);
-  - on a non-finite loss, or on collapse (mean |N| below ``collapse_ratio`` of its start);
+  - on a non-finite loss, or on collapse (mean |N| below ``collapse_ratio`` of its start; 0: never);
   - with ``decide="change"``, at the first evaluation when the output has moved by less than
     FIRST_CHANGE_RATIO times the RMS of the starting residual N: the starting weights are kept.
     Where the plain model already removes most of the noise, the first steps move the output by
@@ -64,7 +64,7 @@ class EarlyStopping:
         keep = cfg.keep or "best"
         ratio = FIRST_CHANGE_RATIO if cfg.decide == "change" else None
         bound = cfg.noise_bound * noise_sigma if cfg.noise_bound and noise_sigma is not None else None
-        abs_N = first.get("abs_N", 0.0)  # the recorrupted objective's records have none
+        abs_N = first.get("abs_N", 0.0)  # the recorrupted objective's records have none (collapse_ratio 0)
         return cls(cfg.max_change, cfg.patience or 0, cfg.collapse_ratio, abs_N, first["loss"], keep=keep,
                    first_change=ratio, start_rms_N=first.get("rms_N", 0.0), max_rms_N=bound)  # fmt: skip
 
@@ -87,7 +87,7 @@ class EarlyStopping:
             self.stop = "trust region"
         elif self.max_rms_N is not None and rec["rms_N"] > self.max_rms_N:
             self.stop = "noise level"
-        elif "abs_N" in rec and rec["abs_N"] < self.collapse_ratio * self.start_abs_N:  # the ELBO's records
+        elif self.collapse_ratio and rec["abs_N"] < self.collapse_ratio * self.start_abs_N:
             self.stop = "collapse"
         elif self.keep == "last":  # every evaluation inside the bounds
             self.best_step, self.bad = rec["step"], 0
