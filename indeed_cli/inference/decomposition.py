@@ -292,6 +292,72 @@ def _run_whole(
         return maps, grids
 
 
+def _denoise_whole_batch(
+    ckpt: Checkpoint, stack: np.ndarray, opts: InferenceOptions, device: torch.device, progress=None
+) -> torch.Tensor:
+    """L + S of B images of one size, (B, C, h, w) float32 -> (B, C, h, w) float32 CPU tensor:
+    :func:`_run_whole`'s "denoise" read-out with each network call made once for all B images.  The
+    images are stacked along the channel axis, so one tile grid cuts the same tile of every image
+    and the low-rank module factorises them in one batch (it works per tile: the result is each
+    image's own); f_thetaS then runs on the B whole images as one batch.  On a GPU a read-out of a
+    small image costs kernel launches more than arithmetic, so B images cost about what one does."""
+    net = network_for(ckpt, opts.precision)
+    B, C, h, w = stack.shape
+    adapter = ChannelAdapter(ckpt.config.channels, C)
+
+    def lowrank_tiles(tiles: torch.Tensor) -> dict[str, torch.Tensor]:  # (n, B*C, t, t)
+        n, t = tiles.shape[0], tiles.shape[-1]
+        factors = net.lowrank(adapter.to_model(tiles.reshape(n * B, C, t, t)))
+        L = adapter.from_model(P.low_rank(factors[0].float(), factors[2].float()))
+        return {"L": L.reshape(n, B * C, t, t)}
+
+    counted = (lambda k: progress(k * B)) if progress is not None else None
+    with torch.inference_mode():
+        batch = max(1, opts.batch_for(device) // B)  # tiles of every image: the network's batch stays as large
+        tiled, _ = tiled_apply(
+            lowrank_tiles,
+            torch.from_numpy(stack.reshape(B * C, h, w)),
+            opts.tile,
+            opts.overlap,
+            batch,
+            device,
+            progress=counted,
+            keep_on_device=True,
+        )
+        m = ckpt.config.multiple
+        pad = (0, (-w) % m, 0, (-h) % m)
+        mode = "reflect" if pad[1] < w and pad[3] < h else "replicate"
+        Y = F.pad(adapter.to_model(torch.from_numpy(stack).to(device)), pad, mode=mode)
+        L = F.pad(adapter.to_model(tiled["L"].reshape(B, C, h, w).to(device)), pad, mode=mode)
+        mu_S, _ = net.sparse(Y - L, L)
+        X = L[..., :h, :w].float() + mu_S[..., :h, :w].float()
+        return adapter.from_model(X).cpu()
+
+
+def _plain_batch(ckpt: Checkpoint, data: list[np.ndarray], opts: InferenceOptions, progress=None) -> list[np.ndarray]:
+    """L + S (not clipped) of (C, h, w) images: those of one size read out together
+    (:func:`_denoise_whole_batch`) where :func:`reads_whole` holds for them, at most
+    :data:`WHOLE_IMAGE_PIXELS` pixels per call (a whole image's memory); the others one by one."""
+    opts.check(ckpt.config.multiple)
+    device = next(ckpt.model.parameters()).device
+    out: list = [None] * len(data)
+    by_size: dict[tuple, list[int]] = {}
+    for i, d in enumerate(data):
+        if reads_whole(ckpt, d, "denoise", opts):
+            by_size.setdefault(d.shape, []).append(i)
+        else:
+            out[i] = _run(ckpt, d, "denoise", opts, progress)[0]["X"].numpy()
+    for (C, h, w), members in by_size.items():
+        planes = C if ckpt.config.channels == 1 else 1
+        chunk = max(1, WHOLE_IMAGE_PIXELS // (h * w * planes))
+        for c in range(0, len(members), chunk):
+            part = members[c : c + chunk]
+            X = _denoise_whole_batch(ckpt, np.stack([data[i] for i in part]), opts, device, progress).numpy()
+            for i, x in zip(part, X):
+                out[i] = x
+    return out
+
+
 def n_tiles(h: int, w: int, opts: InferenceOptions, pixel_shuffle: int | str = 1) -> int:
     """Tiles one inference of an h x w image runs (for progress bars); with a pixel shuffle (s > 1
     or "auto", counted as 2), those of the plain read-out and of the s x s sub-images."""
@@ -379,6 +445,24 @@ def pixel_shuffle_fits(height: int, width: int, stride: int | str) -> bool:
     return stride in (1, "auto") or min(height, width) >= 2 * int(stride)
 
 
+def shuffled_readouts(
+    ckpt: Checkpoint, images: list[np.ndarray], stride: int, opts: InferenceOptions, progress=None
+) -> list[np.ndarray]:
+    """The stride x stride sub-images of each (C, h, w) image, each denoised on its own and put back
+    in place, not clipped, before :func:`pixel_shuffle_guard`; the sub-images of all the images
+    are read out together where they have one size (:func:`denoise_batch`)."""
+    k2 = stride * stride
+    subs = [np.ascontiguousarray(d[:, k // stride :: stride, k % stride :: stride]) for d in images for k in range(k2)]
+    read = _plain_batch(ckpt, subs, opts, progress)
+    outs = []
+    for n, d in enumerate(images):
+        out = np.empty_like(d)
+        for k in range(k2):
+            out[:, k // stride :: stride, k % stride :: stride] = read[n * k2 + k]
+        outs.append(out)
+    return outs
+
+
 def pixel_shuffle_denoise(
     ckpt: Checkpoint,
     image,
@@ -413,11 +497,7 @@ def pixel_shuffle_denoise(
             progress(n_tiles(*data.shape[1:], opts, 2) - n_tiles(*data.shape[1:], opts))
     if stride == 1:
         return ShuffledReadout(plain, 1, correlation)
-    out = np.empty_like(data)
-    for i in range(stride):
-        for j in range(stride):
-            sub = np.ascontiguousarray(data[:, i::stride, j::stride])
-            out[:, i::stride, j::stride] = _run(ckpt, sub, "denoise", opts, progress)[0]["X"].numpy()
+    out = shuffled_readouts(ckpt, [data], stride, opts, progress)[0]
     return ShuffledReadout(pixel_shuffle_guard(plain, out), stride, correlation)
 
 
@@ -436,6 +516,41 @@ def denoise(
     noise; s > 1 costs detail on other images."""
     out = pixel_shuffle_denoise(ckpt, image, pixel_shuffle, opts, progress).image  # 1: the plain read-out
     return np.clip(out, 0.0, 1.0, out=out) if clip else out
+
+
+def denoise_batch(
+    ckpt: Checkpoint,
+    images,
+    opts: InferenceOptions | None = None,
+    clip: bool = True,
+    pixel_shuffle: int | str = 1,
+    progress=None,
+) -> list[np.ndarray]:
+    """:func:`denoise` of several images, a list of float32 (C, h, w) arrays: the same numbers
+    (up to the rounding of batched convolutions), with the network called once for all images of
+    one size (and, with ``pixel_shuffle``, once for all their sub-images).  On a GPU the read-out
+    of a small image costs kernel launches more than arithmetic, so this is what to call with many
+    small images.  ``pixel_shuffle`` as for :func:`denoise` ("auto" decides per image)."""
+    stride = check_pixel_shuffle(pixel_shuffle)
+    opts = opts or InferenceOptions()
+    data = [as_image(im)[0] for im in images]
+    plain = _plain_batch(ckpt, data, opts, progress)
+    out = list(plain)
+    if stride != 1:
+        s = 2 if stride == "auto" else stride
+        use = [
+            k
+            for k, d in enumerate(data)
+            if stride != "auto"
+            or (removed_noise_correlation(d, plain[k]) > AUTO_CORRELATION and pixel_shuffle_fits(*d.shape[1:], 2))
+        ]
+        for k in use:
+            if not pixel_shuffle_fits(*data[k].shape[1:], s):
+                h, w = data[k].shape[1:]
+                raise ValueError(f"an image of {h}x{w} is too small for a pixel shuffle of {s}")
+        for k, shuffled in zip(use, shuffled_readouts(ckpt, [data[k] for k in use], s, opts, progress)):
+            out[k] = pixel_shuffle_guard(plain[k], shuffled)
+    return [np.clip(x, 0.0, 1.0, out=x) if clip else x for x in out]
 
 
 def denoise_with_stats(

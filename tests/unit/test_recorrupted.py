@@ -88,7 +88,7 @@ def test_recorrupted_adaptation_changes_only_f_theta_s_and_records_itself(rng, o
 
     # an untrained model's pixel-shuffled read-out is no denoiser: let it return the clean image, so
     # that the noise estimate is the noise itself
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: _clean())
+    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean() for _ in ys])
     ck = _ckpt()
     cfg = AdaptConfig(
         objective=objective,
@@ -116,7 +116,7 @@ def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypat
     """White noise: the gate refuses; the ELBO's result stays, with the gate's correlation."""
     from indeed_cli.tasks.adaptation import runner
 
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: np.full_like(y, 0.5))
+    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [np.full_like(y, 0.5) for y in ys])
     white = [np.clip(0.5 + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)]
     cfg = AdaptConfig(objective="auto", decide="always", max_change=1e-9)
     res = adapt_each(_ckpt(), [white], cfg, tile=32)[0]
@@ -127,7 +127,7 @@ def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypat
 def test_recorrupted_adaptation_of_a_gray_model(rng, monkeypatch):
     from indeed_cli.tasks.adaptation import runner
 
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: _clean(1))
+    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean(1) for _ in ys])
     ck = _ckpt(1)
     res = adapt_each(ck, [_noisy(rng, c=1)], AdaptConfig(objective="recorrupted", lr=1e-2), tile=32)[0]
     assert res.objective == "recorrupted" and res.best_step > 0
@@ -148,12 +148,12 @@ def test_gate_admits_correlated_noise_and_refuses_white_noise(rng, monkeypatch):
     from indeed_cli.tasks.adaptation import runner
 
     clean = np.full((3, 64, 64), 0.5, np.float32)
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: clean)
+    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [clean for _ in ys])
     coloured = clean + _coloured_noise(rng, 1, 64)[0].astype(np.float32)
     white = clean + rng.normal(0, 0.05, clean.shape).astype(np.float32)
-    ok, correlation, residual = runner.recorruption_gate(None, coloured)
+    (ok, correlation, residual), refused = runner.recorruption_gates(None, [coloured, white])
     assert ok and correlation > 0.4 and np.allclose(residual, coloured - clean)
-    assert not runner.recorruption_gate(None, white)[0]
+    assert not refused[0]
 
 
 def test_ag_recorrupted_adapts_once_for_the_images_its_gate_admits(rng, monkeypatch):
@@ -161,7 +161,7 @@ def test_ag_recorrupted_adapts_once_for_the_images_its_gate_admits(rng, monkeypa
     pixel-shuffled residual is correlated (the white-noise image is left out)."""
     from indeed_cli.tasks.adaptation import adapt, runner
 
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: _clean())
+    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean() for _ in ys])
     white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)
     cfg = AdaptConfig(objective="recorrupted", lr=1e-3)
     res = adapt(_ckpt(), [_noisy(rng)[0], white, _noisy(rng)[0]], cfg, tile=32)
@@ -206,10 +206,10 @@ def test_grouped_recorrupted_adaptations_match_separate_ones(rng, monkeypatch):
 
     clean = {}
 
-    def readout(ck, y, *a, pixel_shuffle=1):  # the clean image the noisy one was made from
-        return clean[y.tobytes()]
+    def readout(ck, ys, *a, pixel_shuffle=1):  # the clean images the noisy ones were made from
+        return [clean[y.tobytes()] for y in ys]
 
-    monkeypatch.setattr(runner, "denoise", readout)
+    monkeypatch.setattr(runner, "denoise_batch", readout)
     images = []
     for k, sigma in enumerate([0.05, 0.08, 0.03]):
         base = (_clean() * (0.6 + 0.2 * k)).astype(np.float32)
@@ -242,7 +242,7 @@ def test_ag_auto_keeps_a_recorrupted_fallback_for_images_the_elbo_output_leaves(
     fallback's where its gate admitted the image, else the plain model's."""
     from indeed_cli.tasks.adaptation import adapt, ag_image_result, runner
 
-    monkeypatch.setattr(runner, "denoise", lambda ck, y, *a, pixel_shuffle=1: _clean())
+    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean() for _ in ys])
     white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)
     images = [_noisy(rng)[0], white]
     ck = _ckpt()

@@ -224,6 +224,55 @@ def test_pixel_shuffle_read_out_denoises_each_phase_and_puts_it_back(monkeypatch
             denoise(ck, x, pixel_shuffle=bad)
 
 
+@pytest.mark.parametrize("model_c,image_c", [(3, 3), (1, 3)])
+def test_denoise_batch_equals_one_read_out_per_image(model_c, image_c, monkeypatch):
+    """denoise_batch gives each image what denoise gives it alone (plain, pixel shuffle 2, "auto"),
+    with one network call per image size as long as WHOLE_IMAGE_PIXELS allows; an image above it is
+    read out by tiles as alone."""
+    from indeed_cli.inference import decomposition as D
+    from indeed_cli.inference import denoise_batch
+    from indeed_cli.model import Checkpoint
+
+    m = tiny_model(model_c)
+    ck = Checkpoint(m, m.cfg)
+    rng = np.random.default_rng(7)
+    sizes = [(48, 40), (30, 50), (48, 40), (48, 40)]
+    images = [rng.random((image_c, h, w)).astype(np.float32) for h, w in sizes]
+    opts = InferenceOptions(tile=16, overlap=4)
+    calls = []
+    whole_batch = D._denoise_whole_batch
+    monkeypatch.setattr(
+        D, "_denoise_whole_batch", lambda ck, stack, *a: calls.append(len(stack)) or whole_batch(ck, stack, *a)
+    )
+    for shuffle in (1, 2, "auto"):
+        calls.clear()
+        got = denoise_batch(ck, images, opts, clip=False, pixel_shuffle=shuffle)
+        made = sorted(calls)
+        for x, y in zip(images, got):
+            np.testing.assert_allclose(y, denoise(ck, x, opts, clip=False, pixel_shuffle=shuffle), atol=1e-5)
+        if shuffle == 2:  # plain: one call per size; sub-images: 24x20 (x12) and 15x25 (x4)
+            assert made == [1, 3, 4, 12]
+    plain = [denoise(ck, x, opts, clip=False) for x in images]
+    corr = sorted(D.removed_noise_correlation(x, p) for x, p in zip(images, plain))
+    monkeypatch.setattr(D, "AUTO_CORRELATION", (corr[1] + corr[2]) / 2)  # "auto": two images shuffled, two not
+    got = denoise_batch(ck, images, opts, pixel_shuffle="auto")
+    shuffled = [not np.allclose(y, np.clip(p, 0, 1), atol=1e-6) for y, p in zip(got, plain)]
+    assert sum(shuffled) == 2
+    for x, y in zip(images, got):
+        np.testing.assert_allclose(y, denoise(ck, x, opts, pixel_shuffle="auto"), atol=1e-5)
+    planes = image_c if model_c == 1 else 1
+    monkeypatch.setattr(D, "WHOLE_IMAGE_PIXELS", 2 * 48 * 40 * planes)  # two 48x40 images a call
+    calls.clear()
+    got = denoise_batch(ck, images, opts)
+    assert sorted(calls) == [1, 1, 2]  # 48x40 in calls of 2 and 1, 30x50 alone
+    monkeypatch.setattr(D, "WHOLE_IMAGE_PIXELS", 30 * 50 * planes)  # 48x40 above it: by tiles, as alone
+    calls.clear()
+    got = denoise_batch(ck, images, opts)
+    assert calls == [1]
+    for x, y in zip(images, got):
+        np.testing.assert_allclose(y, denoise(ck, x, opts), atol=1e-5)
+
+
 def test_pixel_shuffle_guard_keeps_the_plain_read_out_where_the_two_disagree():
     from indeed_cli.inference.decomposition import GUARD_WINDOW, pixel_shuffle_guard
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as tdist
 from torch.func import vmap
 
-from ...inference import InferenceOptions, TileGrid, as_model_channels, denoise
+from ...inference import InferenceOptions, TileGrid, as_model_channels, denoise_batch
 from ...inference.decomposition import removed_noise_correlation
 from ...model import Checkpoint
 from ..ood import image_ood_score
@@ -202,19 +202,23 @@ def _run_jobs(model, names: list[str], frozen: dict, jobs: list[dict], cfg: Adap
     return outcomes
 
 
-def recorruption_gate(ckpt: Checkpoint, image: np.ndarray) -> tuple[bool, float, np.ndarray]:
-    """Whether the recorrupted objective may run on ``image`` (Eq. recorruption gate),
-    the lag-1 correlation it was decided by, and the noise estimate the objective would use: the
+def recorruption_gates(ckpt: Checkpoint, images: list[np.ndarray]) -> list[tuple[bool, float, np.ndarray]]:
+    """Per image: whether the recorrupted objective may run on it (Eq. recorruption gate), the
+    lag-1 correlation it was decided by, and the noise estimate the objective would use: the
     residual R = Y - X_ps2 of the pixel-shuffled read-out (stride 2).
 
     It runs where R is correlated between neighbouring pixels (lag-1 correlation at least
     R2R_MIN_CORRELATION): demosaicked camera noise.  Where the noise is white the plain read-out
     removes it already, and R is mostly the white noise plus the detail the pixel-shuffled read-out
-    loses, so the noise drawn from it would be too strong.  The read-outs are fp32 whatever the
-    adaptation's precision: in bf16 they were no faster on an H200 (their time is per-call overhead)."""
-    shuffled = denoise(ckpt, image, pixel_shuffle=2)
-    c = removed_noise_correlation(image, shuffled)
-    return c >= R2R_MIN_CORRELATION, c, image - shuffled
+    loses, so the noise drawn from it would be too strong.  The read-outs of all the images are
+    made together (:func:`~indeed_cli.inference.denoise_batch`: five small read-outs per image cost
+    OAG a third of its time on a GPU when made one by one), in fp32 whatever the adaptation's
+    precision (in bf16 they were no faster on an H200)."""
+    gated = []
+    for image, shuffled in zip(images, denoise_batch(ckpt, images, pixel_shuffle=2)):
+        c = removed_noise_correlation(image, shuffled)
+        gated.append((c >= R2R_MIN_CORRELATION, c, image - shuffled))
+    return gated
 
 
 def recorrupted_settings(cfg: AdaptConfig) -> AdaptConfig:
@@ -229,13 +233,13 @@ def recorrupted_settings(cfg: AdaptConfig) -> AdaptConfig:
     )  # fmt: skip
 
 
-def _recorrupted_job(ckpt: Checkpoint, images: list[np.ndarray], cfg: AdaptConfig, tile: int):
-    """The gate's verdict on ``images`` and, where it admits any, their adaptation job for
-    :func:`_adapt_group`: the tiles of the admitted images, the owner of each tile, one noise filter
-    per admitted image (Eq. noise spectrum), and the recorrupted evaluation tiles (R2R_EVAL_DRAWS
-    fixed noise draws per tile).  Returns (job or None, admitted flags, facts)."""
+def _recorrupted_job(ckpt: Checkpoint, images: list[np.ndarray], gated: list, cfg: AdaptConfig, tile: int):
+    """Given the gate's verdicts on ``images`` (:func:`recorruption_gates`), where it admits any,
+    their adaptation job for :func:`_adapt_group`: the tiles of the admitted images, the owner of
+    each tile, one noise filter per admitted image (Eq. noise spectrum), and the recorrupted
+    evaluation tiles (R2R_EVAL_DRAWS fixed noise draws per tile).  Returns (job or None, admitted
+    flags, facts)."""
     device = next(ckpt.model.parameters()).device
-    gated = [recorruption_gate(ckpt, im) for im in images]
     facts: dict = {"correlation": [round(c, 4) for _, c, _ in gated]}
     chosen = [(im, r) for im, (ok, _, r) in zip(images, gated) if ok]
     admitted = [ok for ok, _, _ in gated]
@@ -279,7 +283,9 @@ def adapt_recorrupted(
     which, with the gate's correlation per image; ``adapted_images`` which images the gate admitted.
     ``before``: why the ELBO adaptation kept the start, per entry (recorded)."""
     r2r = recorrupted_settings(cfg)
-    prepared = [_recorrupted_job(ckpt, images, r2r, tile) for images in image_sets]
+    flat = [im for images in image_sets for im in images]
+    gates = iter(recorruption_gates(ckpt, flat))  # every image's read-outs together
+    prepared = [_recorrupted_job(ckpt, images, [next(gates) for _ in images], r2r, tile) for images in image_sets]
     jobs = [job for job, _, _ in prepared if job is not None]
     outcomes = iter(_run_jobs(model, names, frozen, jobs, r2r, log))
     results = []
