@@ -534,6 +534,9 @@ def denoise_batch(
     stride = check_pixel_shuffle(pixel_shuffle)
     opts = opts or InferenceOptions()
     data = [as_image(im)[0] for im in images]
+    for d in data:  # before any read-out ("auto" keeps the plain read-out where stride 2 does not fit)
+        if not pixel_shuffle_fits(*d.shape[1:], stride):
+            raise ValueError(f"an image of {d.shape[1]}x{d.shape[2]} is too small for a pixel shuffle of {stride}")
     plain = _plain_batch(ckpt, data, opts, progress)
     out = list(plain)
     if stride != 1:
@@ -544,10 +547,6 @@ def denoise_batch(
             if stride != "auto"
             or (removed_noise_correlation(d, plain[k]) > AUTO_CORRELATION and pixel_shuffle_fits(*d.shape[1:], 2))
         ]
-        for k in use:
-            if not pixel_shuffle_fits(*data[k].shape[1:], s):
-                h, w = data[k].shape[1:]
-                raise ValueError(f"an image of {h}x{w} is too small for a pixel shuffle of {s}")
         for k, shuffled in zip(use, shuffled_readouts(ckpt, [data[k] for k in use], s, opts, progress)):
             out[k] = pixel_shuffle_guard(plain[k], shuffled)
     return [np.clip(x, 0.0, 1.0, out=x) if clip else x for x in out]

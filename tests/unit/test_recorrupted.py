@@ -154,6 +154,22 @@ def test_gate_admits_correlated_noise_and_refuses_white_noise(rng, monkeypatch):
     (ok, correlation, residual), refused = runner.recorruption_gates(None, [coloured, white])
     assert ok and correlation > 0.4 and np.allclose(residual, coloured - clean)
     assert not refused[0]
+    calls = []
+    monkeypatch.setattr(
+        runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: calls.append(len(ys)) or [clean] * len(ys)
+    )
+    monkeypatch.setattr(runner, "GATE_PIXELS", 2 * 64 * 64)  # read-outs of at most two images together
+    again = runner.recorruption_gates(None, [coloured, white, coloured])
+    assert calls == [2, 1] and [g[:2] for g in again] == [(ok, correlation), refused[:2], (ok, correlation)]
+
+
+def test_pixel_chunks_keep_the_order_and_the_bound():
+    from indeed_cli.tasks.adaptation.runner import _pixel_chunks
+
+    ims = [np.zeros((3, h, w)) for h, w in [(10, 10), (10, 10), (20, 20), (5, 5), (10, 10)]]
+    chunks = _pixel_chunks(ims, 250)
+    assert [[im.shape[1] for im in c] for c in chunks] == [[10, 10], [20], [5, 10]]  # 400 > 250: alone
+    assert [id(im) for c in chunks for im in c] == [id(im) for im in ims]
 
 
 def test_ag_recorrupted_adapts_once_for_the_images_its_gate_admits(rng, monkeypatch):
