@@ -26,7 +26,10 @@ import torch
 
 SPECTRUM_BLOCK = 32  # pixels: the blocks the cross-spectrum is averaged over
 SPECTRUM_LAG = 6  # pixels: the noise's autocovariance is kept (tapered) up to this lag
-ALPHA = 0.5  # Pang et al.'s recorruption strength
+# the recorruption strength: Pang et al. train with 0.5; adapting to one image, alpha = 1 (the
+# symmetric pair Y +- z) gained on every camera-noise level of the development crops and cost
+# photographs without noise a little more (docs/reports/2026-11-28-recorrupted-adaptation.md, 15)
+ALPHA = 1.0
 
 
 def noise_spectrum(residual, block: int = SPECTRUM_BLOCK, device: torch.device | str | None = None) -> torch.Tensor:
