@@ -216,6 +216,14 @@ def _run(
         )
 
 
+def _pad_to_multiple(x: torch.Tensor, m: int) -> torch.Tensor:
+    """(N, C, h, w) padded at the bottom and right to multiples of ``m``: reflected, or replicated
+    where the padding is not shorter than the image."""
+    h, w = x.shape[-2:]
+    pad = (0, (-w) % m, 0, (-h) % m)
+    return F.pad(x, pad, mode="reflect" if pad[1] < w and pad[3] < h else "replicate")
+
+
 def _run_whole(
     ckpt: Checkpoint,
     data: np.ndarray,
@@ -232,6 +240,8 @@ def _run_whole(
     per-element summands over each tile's window (:func:`tile_means`): the same windows as by tiles."""
     if outputs not in ("denoise", "denoise+stats", "full", "support", "sparse"):
         raise ValueError(f"unknown outputs {outputs!r}")
+    if outputs == "denoise":  # L + S alone: the batched read-out, of one image
+        return {"X": _denoise_whole_batch(ckpt, data[None], opts, device, progress)[0]}, {}
     net, priors = network_for(ckpt, opts.precision), ckpt.config.priors
     if outputs == "support" and net.support is None:
         raise ValueError("this model has no support posterior (f_thetaM)")
@@ -254,11 +264,8 @@ def _run_whole(
             lowrank_tiles, image, opts.tile, opts.overlap, batch, device, progress=progress, keep_on_device=True
         )
         h, w = data.shape[1:]
-        m = ckpt.config.multiple
-        pad = (0, (-w) % m, 0, (-h) % m)
-        mode = "reflect" if pad[1] < w and pad[3] < h else "replicate"
-        Y = F.pad(to_model(image[None].to(device)), pad, mode=mode)
-        L = F.pad(to_model(tiled["L"][None].to(device)), pad, mode=mode)
+        Y = _pad_to_multiple(to_model(image[None].to(device)), ckpt.config.multiple)
+        L = _pad_to_multiple(to_model(tiled["L"][None].to(device)), ckpt.config.multiple)
         mu_S, sigma_S = net.sparse(Y - L, L)
         if outputs == "support":
             p = torch.sigmoid(net.support(Y, L, mu_S)).float()
@@ -268,8 +275,6 @@ def _run_whole(
             return {"S": from_model(mu_S)[0].cpu()}, {}
         X = L + mu_S
         maps = {"X": from_model(X)[0].cpu()}
-        if not stats:
-            return maps, {}
         grid = TileGrid(h, w, opts.tile, opts.overlap)
 
         def per_tile(terms: torch.Tensor) -> torch.Tensor:  # (planes, C, h, w) summands -> per tile
@@ -295,12 +300,13 @@ def _run_whole(
 def _denoise_whole_batch(
     ckpt: Checkpoint, stack: np.ndarray, opts: InferenceOptions, device: torch.device, progress=None
 ) -> torch.Tensor:
-    """L + S of B images of one size, (B, C, h, w) float32 -> (B, C, h, w) float32 CPU tensor:
-    :func:`_run_whole`'s "denoise" read-out with each network call made once for all B images.  The
-    images are stacked along the channel axis, so one tile grid cuts the same tile of every image
-    and the low-rank module factorises them in one batch (it works per tile: the result is each
-    image's own); f_thetaS then runs on the B whole images as one batch.  On a GPU a read-out of a
-    small image costs kernel launches more than arithmetic, so B images cost about what one does."""
+    """L + S of B images of one size, (B, C, h, w) float32 -> (B, C, h, w) float32 CPU tensor: the
+    whole-image "denoise" read-out (:func:`_run_whole` calls it with B = 1), each network call made
+    once for all B images.  The images are stacked along the channel axis, so one tile grid cuts the
+    same tile of every image and the low-rank module factorises them in one batch (it works per
+    tile: the result is each image's own); f_thetaS then runs on the B whole images as one batch.
+    On a GPU a read-out of a small image costs kernel launches more than arithmetic, so B images
+    cost about what one does."""
     net = network_for(ckpt, opts.precision)
     B, C, h, w = stack.shape
     adapter = ChannelAdapter(ckpt.config.channels, C)
@@ -324,11 +330,8 @@ def _denoise_whole_batch(
             progress=counted,
             keep_on_device=True,
         )
-        m = ckpt.config.multiple
-        pad = (0, (-w) % m, 0, (-h) % m)
-        mode = "reflect" if pad[1] < w and pad[3] < h else "replicate"
-        Y = F.pad(adapter.to_model(torch.from_numpy(stack).to(device)), pad, mode=mode)
-        L = F.pad(adapter.to_model(tiled["L"].reshape(B, C, h, w).to(device)), pad, mode=mode)
+        Y = _pad_to_multiple(adapter.to_model(torch.from_numpy(stack).to(device)), ckpt.config.multiple)
+        L = _pad_to_multiple(adapter.to_model(tiled["L"].reshape(B, C, h, w).to(device)), ckpt.config.multiple)
         mu_S, _ = net.sparse(Y - L, L)
         X = L[..., :h, :w].float() + mu_S[..., :h, :w].float()
         return adapter.from_model(X).cpu()
