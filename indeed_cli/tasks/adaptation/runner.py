@@ -141,24 +141,9 @@ def adapt_each(
         sigma = pooled_noise_sigma(images) if cfg.noise_bound else None  # the discrepancy bound's noise level
         jobs.append({"pool": pool, "eval": eval_set, "gen": gen, "batch": min(cfg.batch, len(pool)), "sigma": sigma})
     for i, job, (best, history, best_step, stop) in zip(todo, jobs, _run_jobs(model, names, frozen, jobs, cfg, log)):
-        adapted = model.with_parameters(best).eval()  # shares the frozen modules
-        training = {
-            **ckpt.training,
-            "adapted": {
-                "parent": ckpt.source,
-                **asdict(cfg),
-                "best_step": best_step,
-                "stop": stop,
-                "noise_sigma": job["sigma"],
-                "loss_curve": history,
-            },
-        }
+        info = {"best_step": best_step, "stop": stop, "noise_sigma": job["sigma"], "loss_curve": history}
         results[i] = AdaptResult(
-            Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
-            history,
-            best_step,
-            stop,
-            *decisions[i],
+            _adapted_checkpoint(ckpt, model, best, cfg, info), history, best_step, stop, *decisions[i]
         )
     if cfg.objective in ("auto", "recorrupted"):
         again = [i for i, res in enumerate(results) if res.best_step == 0 and res.stop != "in distribution"]
@@ -321,33 +306,21 @@ def adapt_recorrupted(
                                        recorrupted={**facts, "stop": stop}))  # fmt: skip
             continue
         facts.update(stop=stop, best_step=best_step)
-        adapted = model.with_parameters(best).eval()
-        training = {
-            **ckpt.training,
-            "adapted": {
-                "parent": ckpt.source,
-                **asdict(cfg),
-                "objective": "recorrupted",
-                "elbo_stop": elbo_stop,
-                "recorrupted": facts,
-                "best_step": best_step,
-                "stop": stop,
-                "loss_curve": history,
-            },
-        }
+        info = {"objective": "recorrupted", "elbo_stop": elbo_stop, "recorrupted": facts, "best_step": best_step,
+                "stop": stop, "loss_curve": history}  # fmt: skip
+        ck = _adapted_checkpoint(ckpt, model, best, cfg, info)
         results.append(
-            AdaptResult(
-                Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)"),
-                history,
-                best_step,
-                stop,
-                None,
-                admitted,
-                objective="recorrupted",
-                recorrupted=facts,
-            )
+            AdaptResult(ck, history, best_step, stop, None, admitted, objective="recorrupted", recorrupted=facts)
         )
     return results
+
+
+def _adapted_checkpoint(ckpt: Checkpoint, model, best: dict, cfg: AdaptConfig, info: dict) -> Checkpoint:
+    """``model`` with the adapted weights ``best`` (sharing its frozen modules), as a checkpoint whose
+    training record says what it was adapted from and how: ``cfg`` and ``info`` under "adapted"."""
+    training = {**ckpt.training, "adapted": {"parent": ckpt.source, **asdict(cfg), **info}}
+    adapted = model.with_parameters(best).eval()
+    return Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)")
 
 
 def decide(
