@@ -448,6 +448,24 @@ def pixel_shuffle_fits(height: int, width: int, stride: int | str) -> bool:
     return stride in (1, "auto") or min(height, width) >= 2 * int(stride)
 
 
+def _check_fits(data: np.ndarray, stride: int | str) -> None:
+    """ValueError where a (C, h, w) image is too small for the pixel shuffle ("auto" always fits:
+    it keeps the plain read-out where stride 2 does not)."""
+    if not pixel_shuffle_fits(*data.shape[1:], stride):
+        raise ValueError(f"an image of {data.shape[1]}x{data.shape[2]} is too small for a pixel shuffle of {stride}")
+
+
+def _auto_stride(data: np.ndarray, plain: np.ndarray, opts: InferenceOptions, progress=None) -> tuple[int, float]:
+    """The stride "auto" reads ``data`` out with, and the correlation it was decided by: 2 where the
+    noise the plain read-out removed is correlated (above AUTO_CORRELATION) and stride 2 fits, else
+    1 (then the sub-images' share of a progress bar is counted as done)."""
+    correlation = removed_noise_correlation(data, plain)
+    stride = 2 if correlation > AUTO_CORRELATION and pixel_shuffle_fits(*data.shape[1:], 2) else 1
+    if stride == 1 and progress is not None:
+        progress(n_tiles(*data.shape[1:], opts, 2) - n_tiles(*data.shape[1:], opts))
+    return stride, correlation
+
+
 def shuffled_readouts(
     ckpt: Checkpoint, images: list[np.ndarray], stride: int, opts: InferenceOptions, progress=None
 ) -> list[np.ndarray]:
@@ -488,16 +506,12 @@ def pixel_shuffle_denoise(
     stride = check_pixel_shuffle(stride)
     data, _ = as_image(image)
     opts = opts or InferenceOptions()
-    if not pixel_shuffle_fits(*data.shape[1:], stride):
-        raise ValueError(f"an image of {data.shape[1]}x{data.shape[2]} is too small for a pixel shuffle of {stride}")
+    _check_fits(data, stride)
     if plain is None:
         plain = _run(ckpt, data, "denoise", opts, progress)[0]["X"].numpy()
     correlation = None
     if stride == "auto":
-        correlation = removed_noise_correlation(data, plain)
-        stride = 2 if correlation > AUTO_CORRELATION and pixel_shuffle_fits(*data.shape[1:], 2) else 1
-        if stride == 1 and progress is not None:  # the sub-images' share of the progress bar
-            progress(n_tiles(*data.shape[1:], opts, 2) - n_tiles(*data.shape[1:], opts))
+        stride, correlation = _auto_stride(data, plain, opts, progress)
     if stride == 1:
         return ShuffledReadout(plain, 1, correlation)
     out = shuffled_readouts(ckpt, [data], stride, opts, progress)[0]
@@ -537,19 +551,13 @@ def denoise_batch(
     stride = check_pixel_shuffle(pixel_shuffle)
     opts = opts or InferenceOptions()
     data = [as_image(im)[0] for im in images]
-    for d in data:  # before any read-out ("auto" keeps the plain read-out where stride 2 does not fit)
-        if not pixel_shuffle_fits(*d.shape[1:], stride):
-            raise ValueError(f"an image of {d.shape[1]}x{d.shape[2]} is too small for a pixel shuffle of {stride}")
+    for d in data:  # before any read-out
+        _check_fits(d, stride)
     plain = _plain_batch(ckpt, data, opts, progress)
     out = list(plain)
     if stride != 1:
         s = 2 if stride == "auto" else stride
-        use = [
-            k
-            for k, d in enumerate(data)
-            if stride != "auto"
-            or (removed_noise_correlation(d, plain[k]) > AUTO_CORRELATION and pixel_shuffle_fits(*d.shape[1:], 2))
-        ]
+        use = [k for k, d in enumerate(data) if stride != "auto" or _auto_stride(d, plain[k], opts, progress)[0] == 2]
         for k, shuffled in zip(use, shuffled_readouts(ckpt, [data[k] for k in use], s, opts, progress)):
             out[k] = pixel_shuffle_guard(plain[k], shuffled)
     return [np.clip(x, 0.0, 1.0, out=x) if clip else x for x in out]

@@ -230,7 +230,7 @@ def test_denoise_batch_equals_one_read_out_per_image(model_c, image_c, monkeypat
     with one network call per image size as long as WHOLE_IMAGE_PIXELS allows; an image above it is
     read out by tiles as alone."""
     from indeed_cli.inference import decomposition as D
-    from indeed_cli.inference import denoise_batch
+    from indeed_cli.inference import denoise_batch, n_tiles
     from indeed_cli.model import Checkpoint
 
     m = tiny_model(model_c)
@@ -255,7 +255,9 @@ def test_denoise_batch_equals_one_read_out_per_image(model_c, image_c, monkeypat
     plain = [denoise(ck, x, opts, clip=False) for x in images]
     corr = sorted(D.removed_noise_correlation(x, p) for x, p in zip(images, plain))
     monkeypatch.setattr(D, "AUTO_CORRELATION", (corr[1] + corr[2]) / 2)  # "auto": two images shuffled, two not
-    got = denoise_batch(ck, images, opts, pixel_shuffle="auto")
+    ticks = []
+    got = denoise_batch(ck, images, opts, pixel_shuffle="auto", progress=ticks.append)
+    assert sum(ticks) == sum(n_tiles(*x.shape[1:], opts, "auto") for x in images)  # the bar completes
     shuffled = [not np.allclose(y, np.clip(p, 0, 1), atol=1e-6) for y, p in zip(got, plain)]
     assert sum(shuffled) == 2
     for x, y in zip(images, got):
