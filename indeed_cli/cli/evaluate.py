@@ -67,6 +67,10 @@ def evaluate_cmd(
             help="denoise: score the read-out of `indeed denoise --pixel-shuffle N|auto`.",
         ),
     ] = "1",
+    ensemble: Annotated[
+        str,
+        typer.Option("--ensemble", metavar="N", help="denoise: score the read-out of `indeed denoise --ensemble N`."),
+    ] = "1",
     run: RunOptions = RunOptions(),
 ) -> None:
     """Score denoising (PSNR/SSIM) or anomaly detection (AUROC/AP), as a table or JSON lines."""
@@ -77,7 +81,7 @@ def evaluate_cmd(
         summary = evaluate_detect(clean, mask_suffix=mask_suffix, **common)
     elif task == "denoise":
         summary = evaluate_denoise(clean, sigmas=sigma, clipped8=clipped, noisy=noisy, pair=pair, limit=limit,
-                                   noise=noise, pixel_shuffle=pixel_shuffle, **common)  # fmt: skip
+                                   noise=noise, pixel_shuffle=pixel_shuffle, ensemble=ensemble, **common)  # fmt: skip
     else:
         raise CLIError(f"--task must be denoise or detect, got {task!r}")
     if run.json_out:

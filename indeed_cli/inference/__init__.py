@@ -5,15 +5,18 @@ Layer 2 of the package: imports :mod:`indeed_cli.model` and :mod:`indeed_cli.io`
 
 from .channels import ChannelAdapter, as_model_channels, training_channels
 from .decomposition import (
+    ENSEMBLES,
     MAX_PIXEL_SHUFFLE,
     Decomposed,
     ShuffledReadout,
     as_image,
+    check_ensemble,
     check_pixel_shuffle,
     decompose,
     denoise,
     denoise_batch,
     denoise_with_stats,
+    ensemble_mean,
     n_tiles,
     pixel_shuffle_denoise,
     pixel_shuffle_fits,
@@ -24,6 +27,7 @@ from .runtime import InferenceOptions, load_model, native_bf16, network_for, res
 from .tiling import TileGrid, reflect_index, tiled_apply
 
 __all__ = [
+    "ENSEMBLES",
     "MAX_PIXEL_SHUFFLE",
     "ChannelAdapter",
     "Decomposed",
@@ -32,11 +36,13 @@ __all__ = [
     "TileGrid",
     "as_image",
     "as_model_channels",
+    "check_ensemble",
     "check_pixel_shuffle",
     "decompose",
     "denoise",
     "denoise_batch",
     "denoise_with_stats",
+    "ensemble_mean",
     "load_model",
     "n_tiles",
     "native_bf16",

@@ -361,9 +361,14 @@ def _plain_batch(ckpt: Checkpoint, data: list[np.ndarray], opts: InferenceOption
     return out
 
 
-def n_tiles(h: int, w: int, opts: InferenceOptions, pixel_shuffle: int | str = 1) -> int:
+def n_tiles(h: int, w: int, opts: InferenceOptions, pixel_shuffle: int | str = 1, ensemble: int = 1) -> int:
     """Tiles one inference of an h x w image runs (for progress bars); with a pixel shuffle (s > 1
-    or "auto", counted as 2), those of the plain read-out and of the s x s sub-images."""
+    or "auto", counted as 2), those of the plain read-out and of the s x s sub-images; with an
+    ensemble, those of each flipped or turned image (a quarter turn reads out a w x h image)."""
+    if ensemble > 1:
+        return sum(
+            n_tiles(*((h, w) if DIHEDRAL[k][1] % 2 == 0 else (w, h)), opts, pixel_shuffle) for k in range(ensemble)
+        )
     s = 2 if pixel_shuffle == "auto" else int(pixel_shuffle)
     whole = len(TileGrid(h, w, opts.tile, opts.overlap))
     if s == 1:
@@ -525,14 +530,70 @@ def denoise(
     progress=None,
     clip: bool = True,
     pixel_shuffle: int | str = 1,
+    ensemble: int = 1,
 ) -> np.ndarray:
     """Denoised image L + S (posterior means), float32 (C, h, w), clipped to [0, 1] unless ``clip``
     is False (a posterior mean may leave [0, 1] slightly near black and white).
 
     ``pixel_shuffle`` s > 1 or "auto": the read-out of :func:`pixel_shuffle_denoise`, for real camera
-    noise; s > 1 costs detail on other images."""
-    out = pixel_shuffle_denoise(ckpt, image, pixel_shuffle, opts, progress).image  # 1: the plain read-out
+    noise; s > 1 costs detail on other images.  ``ensemble`` 2, 4 or 8: the mean of the read-outs of
+    that many flips and rotations of the image (:func:`ensemble_mean`), at that many times the cost."""
+    ensemble = check_ensemble(ensemble)
+    data, _ = as_image(image)
+    first = pixel_shuffle_denoise(ckpt, data, pixel_shuffle, opts, progress)  # 1: the plain read-out
+    out = ensemble_mean(ckpt, data, first.image, ensemble, opts, first.stride, progress)
     return np.clip(out, 0.0, 1.0, out=out) if clip else out
+
+
+# The eight flips and rotations of an image, (mirror left-right first, then quarter turns), ordered so
+# that the first two and the first four are groups: identity, transpose, half turn, anti-transpose, then
+# the mirror images of those.  A transpose exchanges the roles of A and B in L = A B^T, the half turn
+# reverses both, so each transform of a rank-r image is rank r and the model sees a new set of tiles.
+DIHEDRAL = ((False, 0), (True, 1), (False, 2), (True, 3), (True, 0), (False, 1), (True, 2), (False, 3))
+ENSEMBLES = (1, 2, 4, 8)
+
+
+def check_ensemble(value) -> int:
+    """``value`` as an ensemble size (1, 2, 4 or 8); ValueError otherwise."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n not in ENSEMBLES or str(value).strip() != str(n):
+        raise ValueError(f"ensemble must be 1, 2, 4 or 8, got {value!r}")
+    return n
+
+
+def dihedral(x: np.ndarray, k: int, inverse: bool = False) -> np.ndarray:
+    """The k-th transform of DIHEDRAL applied to a (C, h, w) array, or its inverse."""
+    mirror, turns = DIHEDRAL[k]
+    if inverse:
+        x = np.rot90(x, -turns, axes=(1, 2))
+        return np.ascontiguousarray(x[:, :, ::-1] if mirror else x)
+    return np.ascontiguousarray(np.rot90(x[:, :, ::-1] if mirror else x, turns, axes=(1, 2)))
+
+
+def ensemble_mean(
+    ckpt: Checkpoint,
+    data: np.ndarray,
+    first: np.ndarray,
+    ensemble: int,
+    opts: InferenceOptions | None = None,
+    pixel_shuffle: int = 1,
+    progress=None,
+) -> np.ndarray:
+    """The mean of the read-outs (L + S, not clipped) of the first ``ensemble`` transforms of DIHEDRAL
+    of ``data``, each turned back; ``first`` is the read-out of ``data`` itself, ``pixel_shuffle`` the
+    stride it used (the others use the same).  docs/model.md, Eq. (self-ensemble): a test-time mean over
+    the symmetries of the image, not a change of the posterior; it averages out the part of the
+    estimation error that depends on the orientation (tile grid, the network's learned filters)."""
+    if ensemble == 1:
+        return first
+    total = first.astype(np.float32, copy=True)
+    for k in range(1, ensemble):
+        out = pixel_shuffle_denoise(ckpt, dihedral(data, k), pixel_shuffle, opts, progress).image
+        total += dihedral(out, k, inverse=True)
+    return total / np.float32(ensemble)
 
 
 def denoise_batch(
@@ -542,24 +603,42 @@ def denoise_batch(
     clip: bool = True,
     pixel_shuffle: int | str = 1,
     progress=None,
+    ensemble: int = 1,
 ) -> list[np.ndarray]:
     """:func:`denoise` of several images, a list of float32 (C, h, w) arrays: the same numbers
     (up to the rounding of batched convolutions), with the network called once for all images of
     one size (and, with ``pixel_shuffle``, once for all their sub-images).  On a GPU the read-out
     of a small image costs kernel launches more than arithmetic, so this is what to call with many
-    small images.  ``pixel_shuffle`` as for :func:`denoise` ("auto" decides per image)."""
+    small images.  ``pixel_shuffle`` as for :func:`denoise` ("auto" decides per image, on the image
+    itself), ``ensemble`` too (each transform of all images read out together)."""
     stride = check_pixel_shuffle(pixel_shuffle)
+    ensemble = check_ensemble(ensemble)
     opts = opts or InferenceOptions()
     data = [as_image(im)[0] for im in images]
     for d in data:  # before any read-out
         _check_fits(d, stride)
     plain = _plain_batch(ckpt, data, opts, progress)
-    out = list(plain)
+    use: list[int] = []  # the images read out on their sub-images
     if stride != 1:
-        s = 2 if stride == "auto" else stride
         use = [k for k, d in enumerate(data) if stride != "auto" or _auto_stride(d, plain[k], opts, progress)[0] == 2]
-        for k, shuffled in zip(use, shuffled_readouts(ckpt, [data[k] for k in use], s, opts, progress)):
-            out[k] = pixel_shuffle_guard(plain[k], shuffled)
+    s = 2 if stride == "auto" else stride
+
+    def readout(images: list[np.ndarray], plain: list[np.ndarray]) -> list[np.ndarray]:
+        out = list(plain)
+        if use:
+            for k, shuffled in zip(use, shuffled_readouts(ckpt, [images[k] for k in use], s, opts, progress)):
+                out[k] = pixel_shuffle_guard(plain[k], shuffled)
+        return out
+
+    out = readout(data, plain)
+    for t in range(1, ensemble):  # ensemble_mean's sum, one transform of all images at a time
+        moved = [dihedral(d, t) for d in data]
+        out = [
+            a + dihedral(b, t, inverse=True)
+            for a, b in zip(out, readout(moved, _plain_batch(ckpt, moved, opts, progress)))
+        ]
+    if ensemble > 1:
+        out = [x / np.float32(ensemble) for x in out]
     return [np.clip(x, 0.0, 1.0, out=x) if clip else x for x in out]
 
 

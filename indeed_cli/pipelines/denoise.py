@@ -18,6 +18,7 @@ from ..inference import (
     InferenceOptions,
     denoise,
     denoise_with_stats,
+    ensemble_mean,
     n_tiles,
     pixel_shuffle_denoise,
     pixel_shuffle_fits,
@@ -26,7 +27,7 @@ from ..io import JPEG_QUALITY, ImageError, check_output_format, write_image
 from ..model import Checkpoint, CheckpointError
 from ..tasks.adaptation import AdaptConfig, adapt_images, default_group, oag_readout
 from ..tasks.ood import ood_features, ood_report
-from .inputs import expand_inputs, input_names, pixel_shuffle_setting, plan_outputs
+from .inputs import ensemble_setting, expand_inputs, input_names, pixel_shuffle_setting, plan_outputs
 from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
 
 
@@ -47,6 +48,7 @@ def denoise_folder(
     progress: Progress | None = None,
     shard: tuple[int, int] | None = None,
     pixel_shuffle: int | str = 1,
+    ensemble: int = 1,
 ) -> list[Outcome]:
     """Denoise ``inputs`` (files, folders, globs, ``-``) into ``output``: a file for one input (its
     suffix says the format; ``quality`` for JPEG and WebP), else a folder of ``<name>.png`` (with
@@ -62,8 +64,11 @@ def denoise_folder(
     ``pixel_shuffle`` s > 1 reads each image out on its s x s pixel-shuffled sub-images, "auto" where
     the noise looks correlated (:func:`~indeed_cli.inference.pixel_shuffle_denoise`): for real camera
     noise; s > 1 costs fine detail on other images.  The records say which read-out each image got.
+    ``ensemble`` 2, 4 or 8: each output is the mean of the read-outs of that many flips and rotations
+    of the image (:func:`~indeed_cli.inference.ensemble_mean`), at that many times the time.
     """
     pixel_shuffle = pixel_shuffle_setting(pixel_shuffle)
+    ensemble = ensemble_setting(ensemble)
     opts = options or InferenceOptions()
     progress = progress or Progress()
     every = expand_inputs(inputs, recursive)
@@ -71,7 +76,7 @@ def denoise_folder(
     paths, targets, skipped = plan_outputs(every, Path(output), ".png", force, skip_existing, names, shard)
     models = ModelCache(weights, device)
     progress.start(len(paths))
-    steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, quality, progress, pixel_shuffle)
+    steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, quality, progress, pixel_shuffle, ensemble)
     return run_ordered(steps, on_outcome, skipped, shard=shard, inputs=every)
 
 
@@ -95,6 +100,7 @@ def _steps(
     quality: int,
     progress: Progress,
     pixel_shuffle: int | str = 1,
+    ensemble: int = 1,
 ) -> Iterator[Product | Outcome]:
     pending: list[dict] = []  # flagged images waiting for one batched OAG
 
@@ -111,6 +117,7 @@ def _steps(
             "weights": item["ckpt"].source,
             "change_rms": change_rms(img.data, out),
             "pixel_shuffle": item["stride"],
+            "ensemble": ensemble,
             **({"noise_correlation": item["correlation"]} if pixel_shuffle == "auto" else {}),
             **item["ood"],
             "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop},
@@ -136,7 +143,9 @@ def _steps(
         readout = oag_readout(opts, models.device)
         for item, res in zip(pending, results):
             t1 = time.perf_counter()
-            out = denoise(res.checkpoint, item["img"], readout, clip=False, pixel_shuffle=item["stride"])
+            out = denoise(
+                res.checkpoint, item["img"], readout, clip=False, pixel_shuffle=item["stride"], ensemble=ensemble
+            )
             item["seconds"] += share + time.perf_counter() - t1
             yield product(item, out, res)
         pending.clear()
@@ -162,7 +171,7 @@ def _steps(
         if stats and ood_threshold is not None:
             stats = {**stats, "threshold": ood_threshold}
         t0 = time.perf_counter()
-        tiles = n_tiles(*img.size, opts, pixel_shuffle)
+        tiles = n_tiles(*img.size, opts, pixel_shuffle, ensemble)
         note_large_image(progress, src.name, *img.size, img.channels, tiles)
         with progress.tiles(src.name, tiles) as advance:
             out, tile_stats = denoise_with_stats(ckpt, img, opts, progress=advance)
@@ -170,6 +179,7 @@ def _steps(
             if pixel_shuffle != 1:
                 shuffled = pixel_shuffle_denoise(ckpt, img, pixel_shuffle, opts, advance, plain=out)
                 out = shuffled.image
+            out = ensemble_mean(ckpt, img.data, out, ensemble, opts, shuffled.stride if shuffled else 1, advance)
         item = {
             "src": src,
             "dst": dst,

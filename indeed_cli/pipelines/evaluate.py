@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inference import InferenceOptions, pixel_shuffle_denoise
+from ..inference import InferenceOptions, ensemble_mean, pixel_shuffle_denoise
 from ..io import ImageError, load_mask, read_image
 from ..metrics import add_awgn, detection_metrics, image_seed, psnr, ssim
 from ..model import Checkpoint
 from ..tasks.camera_noise import camera_pair, parse_noise
 from ..tasks.detection import detect, stored_threshold
-from .inputs import UsageError, expand_inputs, pixel_shuffle_setting
+from .inputs import UsageError, ensemble_setting, expand_inputs, pixel_shuffle_setting
 from .runner import ModelCache
 
 Row = Callable[[dict], None]
@@ -50,6 +50,7 @@ def evaluate_denoise(
     options: InferenceOptions | None = None,
     on_row: Row | None = None,
     pixel_shuffle: int | str = 1,
+    ensemble: int = 1,
 ) -> list[dict]:
     """PSNR/SSIM of :func:`~indeed_cli.denoise` per image, then one summary row per sigma.
 
@@ -59,9 +60,11 @@ def evaluate_denoise(
     image without noise; ``sigma`` is then the level's name.  Paired mode (``noisy`` a folder):
     ``clean`` is one folder of references, matched by ``pair`` (:func:`noisy_clean_pairs`).
     An unreadable image raises ImageError: a score over fewer images would mislead.
-    ``pixel_shuffle``: the read-out of :func:`~indeed_cli.denoise` (``indeed denoise --pixel-shuffle``).
+    ``pixel_shuffle``, ``ensemble``: the read-out of :func:`~indeed_cli.denoise` (``indeed denoise
+    --pixel-shuffle``, ``--ensemble``).
     """
     pixel_shuffle = pixel_shuffle_setting(pixel_shuffle)
+    ensemble = ensemble_setting(ensemble)
     opts = options or InferenceOptions()
     models = ModelCache(weights, device)
     if noisy is not None:
@@ -97,7 +100,7 @@ def evaluate_denoise(
         ckpt = models.get(ref.channels)
         t0 = time.perf_counter()
         read = pixel_shuffle_denoise(ckpt, y, pixel_shuffle, opts)  # stride 1: the plain read-out
-        out = np.clip(read.image, 0.0, 1.0)
+        out = np.clip(ensemble_mean(ckpt, y, read.image, ensemble, opts, read.stride), 0.0, 1.0)
         score = ssim(out, target)
         row = {
             "image": str(noisy_path or clean_path),
@@ -108,6 +111,7 @@ def evaluate_denoise(
             "ssim": None if score is None else round(score, 4),
             "seconds": round(time.perf_counter() - t0, 3),
             **({"pixel_shuffle": read.stride} if pixel_shuffle != 1 else {}),
+            **({"ensemble": ensemble} if ensemble != 1 else {}),
         }
         rows.append(row)
         if on_row:

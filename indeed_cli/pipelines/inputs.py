@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..inference import check_pixel_shuffle
+from ..inference import check_ensemble, check_pixel_shuffle
 from ..io import OUTPUT_SUFFIXES, STDIO, is_image_path, is_stdio
 
 
@@ -27,6 +27,14 @@ def pixel_shuffle_setting(value) -> int | str:
         return check_pixel_shuffle(value)
     except ValueError as e:
         raise UsageError(f"--pixel-shuffle: {e}") from None
+
+
+def ensemble_setting(value) -> int:
+    """An ``--ensemble`` value (1, 2, 4 or 8) for the denoising pipelines; UsageError for anything else."""
+    try:
+        return check_ensemble(value)
+    except ValueError as e:
+        raise UsageError(f"--ensemble: {e}") from None
 
 
 def stem(path: Path) -> str:

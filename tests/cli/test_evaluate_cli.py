@@ -89,3 +89,16 @@ def test_evaluate_scores_the_pixel_shuffle_read_out(run_cli, clean, ckpt_paths):
     code, _, err = run_cli(*args, "--pixel-shuffle", "0")
     assert code == 2 and "--pixel-shuffle" in err
     assert run_cli(*args, "--pixel-shuffle", "auto")[0] == 0
+
+
+def test_evaluate_scores_the_ensemble_read_out(run_cli, clean, ckpt_paths):
+    args = ("evaluate", clean, "-s", "25", "-w", ckpt_paths[3], "--json")
+    plain = [json.loads(line) for line in run_cli(*args)[1].splitlines()]
+    code, out, err = run_cli(*args, "--ensemble", "8")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["psnr_in"] for r in rows] == [r["psnr_in"] for r in plain]  # the same noisy inputs
+    assert all(r["ensemble"] == 8 for r in rows[:2]) and "ensemble" not in plain[0]
+    assert [r["psnr"] for r in rows[:2]] != [r["psnr"] for r in plain[:2]]
+    code, _, err = run_cli(*args, "--ensemble", "5")
+    assert code == 2 and "--ensemble" in err

@@ -349,6 +349,23 @@ def test_pixel_shuffle_read_out_from_the_command_line(run_cli, folder, tmp_path,
     assert (tmp_path / "to" / "u.png").exists() and not (tmp_path / "to" / "t.png").exists()
 
 
+def test_ensemble_read_out_from_the_command_line(run_cli, folder, tmp_path, ckpt_paths):
+    code, out, err = run_cli("denoise", folder, "-o", tmp_path / "e", "-w", ckpt_paths[3], "--ensemble", "4", "--json")
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert len(records) == 3 and all(r["ensemble"] == 4 for r in records)
+    from indeed_cli.inference import denoise
+
+    got = np.asarray(Image.open(tmp_path / "e" / "a.png"), dtype=np.float32) / 255
+    want = denoise(load_checkpoint(ckpt_paths[3]), folder / "a.png", ensemble=4).transpose(1, 2, 0)
+    plain = denoise(load_checkpoint(ckpt_paths[3]), folder / "a.png").transpose(1, 2, 0)
+    assert np.abs(got - want).max() <= 0.5 / 255 + 1e-6  # the ensemble's mean, rounded to 8 bits
+    assert np.abs(got - plain).max() > 1.5 / 255  # not the plain read-out
+    for bad in ("3", "0", "x"):
+        code, _, err = run_cli("denoise", folder, "-o", tmp_path / "bad", "-w", ckpt_paths[3], "--ensemble", bad)
+        assert code == 2 and "--ensemble" in err and not (tmp_path / "bad").exists()
+
+
 def test_advice_names_the_pixel_shuffle_read_out_unless_it_was_used():
     from indeed_cli.cli.denoise import little_change_note, ood_warning
     from indeed_cli.pipelines import Outcome

@@ -313,3 +313,60 @@ def test_cut_is_a_view_inside_the_image_and_reflects_outside(h, w, tile, overlap
         assert torch.equal(got, expect)
         views += got.untyped_storage().data_ptr() == img.untyped_storage().data_ptr()
     assert views > 0
+
+
+def test_dihedral_transforms_are_the_eight_symmetries_and_their_prefixes_groups():
+    from indeed_cli.inference.decomposition import DIHEDRAL, dihedral
+
+    x = np.random.default_rng(0).random((2, 5, 7)).astype(np.float32)
+    seen = set()
+    for k in range(len(DIHEDRAL)):
+        y = dihedral(x, k)
+        np.testing.assert_array_equal(dihedral(y, k, inverse=True), x)
+        seen.add((y.shape, y.tobytes()))
+    assert len(seen) == 8  # all distinct: the group of the square, no transform twice
+    np.testing.assert_array_equal(dihedral(x, 1), x.transpose(0, 2, 1))
+    np.testing.assert_array_equal(dihedral(x, 2), x[:, ::-1, ::-1])
+    for n in (2, 4):  # the first n are closed under composition: an ensemble of n is a subgroup
+        firsts = {(dihedral(x, k).shape, dihedral(x, k).tobytes()) for k in range(n)}
+        for a in range(n):
+            for b in range(n):
+                z = dihedral(dihedral(x, a), b)
+                assert (z.shape, z.tobytes()) in firsts
+
+
+def test_ensemble_is_the_mean_of_the_turned_back_read_outs(monkeypatch):
+    """denoise(ensemble=n) = mean over the first n transforms of read-outs turned back, for one image
+    (also with a pixel shuffle) and, through denoise_batch, for several; the bar completes."""
+    from indeed_cli.inference import check_ensemble, denoise_batch, n_tiles
+    from indeed_cli.inference.decomposition import dihedral
+    from indeed_cli.model import Checkpoint
+
+    m = tiny_model(3)
+    ck = Checkpoint(m, m.cfg)
+    rng = np.random.default_rng(3)
+    x = rng.random((3, 40, 56)).astype(np.float32)
+    opts = InferenceOptions(tile=16, overlap=4)
+    for n in (2, 4, 8):
+        for shuffle in (1, 2):
+            want = np.mean(
+                [
+                    dihedral(denoise(ck, dihedral(x, k), opts, clip=False, pixel_shuffle=shuffle), k, inverse=True)
+                    for k in range(n)
+                ],
+                axis=0,
+            )
+            got = denoise(ck, x, opts, clip=False, pixel_shuffle=shuffle, ensemble=n)
+            np.testing.assert_allclose(got, want, atol=1e-6)
+    plain = denoise(ck, x, opts, clip=False)
+    assert np.abs(denoise(ck, x, opts, clip=False, ensemble=8) - plain).max() > 1e-4  # it does average something
+    images = [x, rng.random((3, 24, 32)).astype(np.float32)]
+    ticks = []
+    got = denoise_batch(ck, images, opts, clip=False, ensemble=4, progress=ticks.append)
+    for a, b in zip(images, got):
+        np.testing.assert_allclose(b, denoise(ck, a, opts, clip=False, ensemble=4), atol=1e-5)
+    assert sum(ticks) == sum(n_tiles(*a.shape[1:], opts, 1, 4) for a in images)
+    assert n_tiles(40, 56, opts, 1, 2) == n_tiles(40, 56, opts) + n_tiles(56, 40, opts)
+    for bad in (0, 3, 16, "2.5", "two"):
+        with pytest.raises(ValueError, match="ensemble must be 1, 2, 4 or 8"):
+            check_ensemble(bad)
