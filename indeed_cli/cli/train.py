@@ -89,6 +89,15 @@ def train_cmd(
             "colour pipeline; light to heavy) instead of AWGN.",
         ),
     ] = TrainConfig.camera_share,
+    saturation: Annotated[
+        float,
+        typer.Option(
+            "--saturation",
+            metavar="SHARE",
+            help="Denoise, colour: share of clean patches made more colourful (chroma scaled by up to 2.5, "
+            "channels permuted), for photographs more saturated than the training data.",
+        ),
+    ] = TrainConfig.saturation_share,
     rank: Annotated[int, typer.Option("--rank", metavar="N", help="r0, the maximal rank.")] = ModelConfig.rank,
     sparse_width: Annotated[
         int, typer.Option("--sparse-width", metavar="N", help="f_thetaS U-Net width at its finest scale.")
@@ -275,6 +284,7 @@ def train_cmd(
         "lr": lr,
         "clip_prob": clip_prob,
         "camera_share": camera_noise,
+        "saturation_share": saturation,
         "seed": seed,
         "time_limit": time_limit,
         "time_budget": time_budget,

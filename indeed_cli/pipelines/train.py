@@ -110,6 +110,8 @@ def train(
         tc = replace(tc, support_features_weights=str(trunk))
     if tc.camera_share and cfg.channels != 3:
         raise UsageError("--camera-noise needs a colour model (--channels 3): camera noise is made in RGB")
+    if tc.saturation_share and cfg.channels != 3:
+        raise UsageError("--saturation needs a colour model (--channels 3)")
     model_path = out / "model.safetensors"
     done = _already_done(out, tc, model_path)
     if done is not None:

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 import torch
 from conftest import TINY_TRAIN, tiny_config, write_png
 
@@ -195,18 +196,21 @@ def _colour_pngs(folder, rng, count: int = 3):
     return folder
 
 
-def test_train_with_camera_noise_records_it_and_refuses_gray(tmp_path, rng, run_cli):
+@pytest.mark.parametrize("option,key", [("--camera-noise", "camera_share"), ("--saturation", "saturation_share")])
+def test_colour_training_options_are_recorded_and_refuse_gray_and_bad_shares(tmp_path, rng, run_cli, option, key):
     from indeed_cli.model import read_metadata
 
     data = _colour_pngs(tmp_path / "data", rng)
     common = [*TINY_TRAIN, "--steps", "2", "--val-count", "1", "--ood-samples", "0", "-q", "--device", "cpu"]
-    code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "run", "--camera-noise", "0.5", *common)
+    code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "run", option, "0.5", *common)
     assert code == 0, err
-    assert read_metadata(tmp_path / "run" / "model.safetensors")["training"]["camera_share"] == 0.5
+    assert read_metadata(tmp_path / "run" / "model.safetensors")["training"][key] == 0.5
     code, _, err = run_cli(
-        "train", "--data", data, "--out", tmp_path / "gray", "--channels", "1", "--camera-noise", "0.5", *common
+        "train", "--data", data, "--out", tmp_path / "gray", "--channels", "1", option, "0.5", *common
     )
     assert code == 2 and "colour model" in err and not (tmp_path / "gray").exists()
+    code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "bad", option, "2", *common)
+    assert code == 2 and option in err and not (tmp_path / "bad").exists()
 
 
 def test_train_with_rank_supervision_logs_l_n_and_refuses_detection(tmp_path, rng, run_cli):

@@ -87,3 +87,26 @@ def test_denoise_batches_with_a_camera_share():
     assert torch.equal(t0["clean"], Patches().sample(4))  # share 0: AWGN and the clean patch, as before
     with pytest.raises(ValueError, match="camera-noise"):
         TrainConfig(camera_share=1.5).check()
+
+
+def test_saturate_scales_chroma_about_the_luma_and_permutes_channels():
+    import torch
+
+    from indeed_cli.tasks.training.batches import LUMA, saturate
+
+    g = torch.Generator().manual_seed(0)
+    clean = 0.35 + 0.3 * torch.rand(4000, 3, 2, 2, generator=g)  # mid-range: a factor up to 2.5 does not clip
+    assert saturate(clean, 0.0, torch.Generator().manual_seed(1)) is clean
+    same = saturate(clean, 1.0, torch.Generator().manual_seed(1), max_factor=1.0)
+    torch.testing.assert_close(same.sort(1).values, clean.sort(1).values)  # a channel permutation only
+    assert (same != clean).any(1).all(1).all(1).float().mean() > 0.7  # five of six orders move channels
+    out = saturate(clean, 1.0, torch.Generator().manual_seed(1))
+    spread = lambda x: (x.max(1).values - x.min(1).values).mean((1, 2))  # noqa: E731
+    ratio = spread(out) / spread(clean)
+    assert 0.999 < ratio.min() and ratio.max() < 2.501 and ratio.mean() > 1.5  # f ~ logU[1, 2.5]: mean 1.64
+    luma = (clean * torch.tensor(LUMA).view(1, 3, 1, 1)).sum(1, keepdim=True)
+    scaled = luma + ratio.view(-1, 1, 1, 1) * (clean - luma)  # Y + f (U - Y), Y the luma, before the order
+    torch.testing.assert_close(out.sort(1).values, scaled.sort(1).values, atol=1e-5, rtol=0)
+    half = saturate(clean, 0.5, torch.Generator().manual_seed(2))
+    changed = (half != clean).flatten(1).any(1).float().mean()
+    assert 0.4 < changed < 0.6

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,13 +23,47 @@ _RANKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="indeed-rank")
 RANK_PATCHES = 16
 
 
+# --saturation: the chroma of a chosen clean patch is scaled by a factor drawn log-uniformly in
+# [1, SATURATION_MAX] (docs/model.md, Eq. (saturation)); 2.5 turns BSDS500's typical colourfulness
+# (mean max-min over channels 0.17) into that of strongly coloured graphics (about 0.35)
+SATURATION_MAX = 2.5
+LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601, the weights a JPEG's Y channel uses
+
+
+def saturate(
+    clean: torch.Tensor, share: float, gen: torch.Generator, max_factor: float = SATURATION_MAX
+) -> torch.Tensor:
+    """Clean colour patches (N, 3, h, w) in [0, 1], a ``share`` of them (drawn per patch) more saturated
+    and with their channels permuted: U' = P(Y + f (U - Y)) clipped to [0, 1], Y the patch's luma,
+    f ~ logU[1, max_factor], P one of the 6 channel orders (docs/model.md, Eq. (saturation)).
+
+    Training photographs are mostly of low colourfulness, and the model's gap to FFDNet on them grows
+    with saturation (docs/reports/2026-11-28-saturated-colour.md); a permutation keeps a patch's
+    structure and its white noise and changes which channel carries which colour."""
+    n = clean.shape[0]
+    pick = torch.rand(n, generator=gen) < share  # drawn on the CPU generator: no device sync per step
+    factor = torch.exp(torch.rand(n, generator=gen) * math.log(max_factor))
+    order = torch.argsort(torch.rand(n, 3, generator=gen), dim=1)
+    if not bool(pick.any()):
+        return clean
+    dev = clean.device
+    w = torch.tensor(LUMA, device=dev, dtype=clean.dtype).view(1, 3, 1, 1)
+    luma = (clean * w).sum(1, keepdim=True)
+    vivid = (luma + factor.to(dev, clean.dtype).view(-1, 1, 1, 1) * (clean - luma)).clamp(0.0, 1.0)
+    vivid = torch.gather(vivid, 1, order.to(dev).view(n, 3, 1, 1).expand_as(vivid))
+    return torch.where(pick.to(dev).view(-1, 1, 1, 1), vivid, clean)
+
+
 def denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Generator):
     """Batches for denoising (paper §4.1): clean patches U and their noisy copies Y.
 
-    With ``tc.camera_share`` > 0 that share of the patches (drawn per patch) gets camera noise
+    With ``tc.saturation_share`` > 0 that share of the clean patches is made more colourful first
+    (:func:`saturate`).  With ``tc.camera_share`` > 0 that share of the patches (drawn per patch) gets camera noise
     instead (:func:`~indeed_cli.tasks.camera_noise.camera_noise_batch`; 8-bit rounding with
     ``clip_prob`` like the others), and its target is the same camera's image without noise."""
     clean = sampler.sample(n)
+    if tc.saturation_share > 0:
+        clean = saturate(clean, tc.saturation_share, gen)
     noisy, sigma = add_noise(clean, tc.sigma_max, tc.clip_prob, gen)
     if tc.camera_share > 0:
         on_cpu = torch.rand(n, generator=gen) < tc.camera_share  # counted here: no device sync per step

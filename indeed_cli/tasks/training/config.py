@@ -20,6 +20,7 @@ class TrainConfig:
     sigma_max: float = 75.0  # AWGN sigma ~ U(0, sigma_max] / 255 per patch (paper §4.1)
     clip_prob: float = 0.5  # share of patches clipped to [0,1] and quantised to 8 bits
     camera_share: float = 0.0  # denoise, colour: share of patches with camera noise instead of AWGN
+    saturation_share: float = 0.0  # denoise, colour: share of clean patches with chroma scaled up (batches.saturate)
     seed: int = 0
     val_every: int = 1000
     save_every: int = 2000
@@ -41,6 +42,10 @@ class TrainConfig:
             raise ValueError(f"--camera-noise must be a share between 0 and 1, got {self.camera_share}")
         if self.camera_share and self.task != "denoise":
             raise ValueError("--camera-noise is for denoisers (--task denoise)")
+        if not 0.0 <= self.saturation_share <= 1.0:
+            raise ValueError(f"--saturation must be a share between 0 and 1, got {self.saturation_share}")
+        if self.saturation_share and self.task != "denoise":
+            raise ValueError("--saturation is for denoisers (--task denoise)")
         if self.losses.rank_sup < 0:
             raise ValueError(f"--rank-supervision must be a weight of at least 0, got {self.losses.rank_sup}")
         if self.losses.rank_sup and self.task != "denoise":

@@ -158,6 +158,7 @@ def _train(
         "sigma_max": tc.sigma_max,
         "clip_prob": tc.clip_prob,
         "camera_share": tc.camera_share,
+        "saturation_share": tc.saturation_share,
         "lr": tc.lr,
         "losses": asdict(tc.losses),
         "deterministic": tc.deterministic,
