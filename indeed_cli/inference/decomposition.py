@@ -466,9 +466,16 @@ def _auto_stride(data: np.ndarray, plain: np.ndarray, opts: InferenceOptions, pr
     1 (then the sub-images' share of a progress bar is counted as done)."""
     correlation = removed_noise_correlation(data, plain)
     stride = 2 if correlation > AUTO_CORRELATION and pixel_shuffle_fits(*data.shape[1:], 2) else 1
-    if stride == 1 and progress is not None:
-        progress(n_tiles(*data.shape[1:], opts, 2) - n_tiles(*data.shape[1:], opts))
+    if stride == 1:
+        _skip_sub_images(data, opts, progress)
     return stride, correlation
+
+
+def _skip_sub_images(data: np.ndarray, opts: InferenceOptions, progress=None) -> None:
+    """Count the sub-images' share of a progress bar as done for a (C, h, w) image that "auto" reads
+    out plain (:func:`n_tiles` counts "auto" as stride 2)."""
+    if progress is not None:
+        progress(n_tiles(*data.shape[1:], opts, 2) - n_tiles(*data.shape[1:], opts))
 
 
 def shuffled_readouts(
@@ -541,7 +548,7 @@ def denoise(
     ensemble = check_ensemble(ensemble)
     data, _ = as_image(image)
     first = pixel_shuffle_denoise(ckpt, data, pixel_shuffle, opts, progress)  # 1: the plain read-out
-    out = ensemble_mean(ckpt, data, first.image, ensemble, opts, first.stride, progress)
+    out = ensemble_mean(ckpt, data, first, ensemble, opts, progress)
     return np.clip(out, 0.0, 1.0, out=out) if clip else out
 
 
@@ -576,23 +583,25 @@ def dihedral(x: np.ndarray, k: int, inverse: bool = False) -> np.ndarray:
 def ensemble_mean(
     ckpt: Checkpoint,
     data: np.ndarray,
-    first: np.ndarray,
+    first: ShuffledReadout,
     ensemble: int,
     opts: InferenceOptions | None = None,
-    pixel_shuffle: int = 1,
     progress=None,
 ) -> np.ndarray:
     """The mean of the read-outs (L + S, not clipped) of the first ``ensemble`` transforms of DIHEDRAL
-    of ``data``, each turned back; ``first`` is the read-out of ``data`` itself, ``pixel_shuffle`` the
-    stride it used (the others use the same).  docs/model.md, Eq. (self-ensemble): a test-time mean over
-    the symmetries of the image, not a change of the posterior; it averages out the part of the
-    estimation error that depends on the orientation (tile grid, the network's learned filters)."""
+    of ``data``, each turned back; ``first`` is the read-out of ``data`` itself
+    (:func:`pixel_shuffle_denoise`), whose stride the others use.  docs/model.md, Eq. (self-ensemble):
+    a test-time mean over the symmetries of the image, not a change of the posterior; it averages out
+    the part of the estimation error that depends on the orientation (tile grid, learned filters)."""
     if ensemble == 1:
-        return first
-    total = first.astype(np.float32, copy=True)
+        return first.image
+    auto_plain = first.stride == 1 and first.noise_correlation is not None  # "auto" chose the plain read-out
+    total = first.image.astype(np.float32, copy=True)
     for k in range(1, ensemble):
-        out = pixel_shuffle_denoise(ckpt, dihedral(data, k), pixel_shuffle, opts, progress).image
-        total += dihedral(out, k, inverse=True)
+        moved = dihedral(data, k)
+        if auto_plain:
+            _skip_sub_images(moved, opts or InferenceOptions(), progress)
+        total += dihedral(pixel_shuffle_denoise(ckpt, moved, first.stride, opts, progress).image, k, inverse=True)
     return total / np.float32(ensemble)
 
 
@@ -633,6 +642,9 @@ def denoise_batch(
     out = readout(data, plain)
     for t in range(1, ensemble):  # ensemble_mean's sum, one transform of all images at a time
         moved = [dihedral(d, t) for d in data]
+        if stride == "auto":
+            for k in set(range(len(data))) - set(use):
+                _skip_sub_images(moved[k], opts, progress)
         out = [
             a + dihedral(b, t, inverse=True)
             for a, b in zip(out, readout(moved, _plain_batch(ckpt, moved, opts, progress)))

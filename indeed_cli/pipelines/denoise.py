@@ -16,6 +16,7 @@ import numpy as np
 
 from ..inference import (
     InferenceOptions,
+    ShuffledReadout,
     denoise,
     denoise_with_stats,
     ensemble_mean,
@@ -179,7 +180,7 @@ def _steps(
             if pixel_shuffle != 1:
                 shuffled = pixel_shuffle_denoise(ckpt, img, pixel_shuffle, opts, advance, plain=out)
                 out = shuffled.image
-            out = ensemble_mean(ckpt, img.data, out, ensemble, opts, shuffled.stride if shuffled else 1, advance)
+            out = ensemble_mean(ckpt, img.data, shuffled or ShuffledReadout(out, 1, None), ensemble, opts, advance)
         item = {
             "src": src,
             "dst": dst,

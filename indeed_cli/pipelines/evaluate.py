@@ -100,7 +100,7 @@ def evaluate_denoise(
         ckpt = models.get(ref.channels)
         t0 = time.perf_counter()
         read = pixel_shuffle_denoise(ckpt, y, pixel_shuffle, opts)  # stride 1: the plain read-out
-        out = np.clip(ensemble_mean(ckpt, y, read.image, ensemble, opts, read.stride), 0.0, 1.0)
+        out = np.clip(ensemble_mean(ckpt, y, read, ensemble, opts), 0.0, 1.0)
         score = ssim(out, target)
         row = {
             "image": str(noisy_path or clean_path),

@@ -367,6 +367,16 @@ def test_ensemble_is_the_mean_of_the_turned_back_read_outs(monkeypatch):
         np.testing.assert_allclose(b, denoise(ck, a, opts, clip=False, ensemble=4), atol=1e-5)
     assert sum(ticks) == sum(n_tiles(*a.shape[1:], opts, 1, 4) for a in images)
     assert n_tiles(40, 56, opts, 1, 2) == n_tiles(40, 56, opts) + n_tiles(56, 40, opts)
+    from indeed_cli.inference import decomposition as D
+
+    for level in (2.0, -2.0):  # "auto" keeps the plain read-out of every transform, or shuffles every one
+        monkeypatch.setattr(D, "AUTO_CORRELATION", level)
+        ticks = []
+        denoise(ck, x, opts, progress=ticks.append, pixel_shuffle="auto", ensemble=4)
+        assert sum(ticks) == n_tiles(40, 56, opts, "auto", 4)  # the bar completes either way
+        ticks = []
+        denoise_batch(ck, images, opts, progress=ticks.append, pixel_shuffle="auto", ensemble=4)
+        assert sum(ticks) == sum(n_tiles(*a.shape[1:], opts, "auto", 4) for a in images)
     for bad in (0, 3, 16, "2.5", "two"):
         with pytest.raises(ValueError, match="ensemble must be 1, 2, 4 or 8"):
             check_ensemble(bad)
