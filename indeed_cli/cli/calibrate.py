@@ -45,6 +45,15 @@ def calibrate_cmd(
             "(default: the checkpoint's own).",
         ),
     ] = None,
+    quantile: Annotated[
+        float | None,
+        typer.Option(
+            "--quantile",
+            metavar="Q",
+            help="detect: the share of the normal images whose score stays at or below the threshold "
+            "(default 0.99; 0.95 flags more defects and about one normal image in twenty).",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,
@@ -62,7 +71,15 @@ def calibrate_cmd(
     read_scales = parse_scales(scales) if scales else None
     try:
         task, key, facts = calibrate_checkpoint(
-            src, output, paths, device, samples, seed, {"data": [str(d) for d in data]}, scales=read_scales
+            src,
+            output,
+            paths,
+            device,
+            samples,
+            seed,
+            {"data": [str(d) for d in data]},
+            scales=read_scales,
+            quantile=quantile,
         )
     except ValueError as e:
         raise CLIError(str(e)) from None

@@ -27,20 +27,26 @@ def calibrate_checkpoint(
     max_seconds: float | None = None,
     progress=None,
     scales: tuple[float, ...] | None = None,
+    quantile: float | None = None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
     Returns (task, key, facts): key "detect" (threshold from normal images) or "ood"
     (statistics from ``samples`` noisy training images, fewer when ``max_seconds`` runs out;
     ``progress(n)`` hears of each).  ``note`` is merged into the facts.  ``scales`` (detect): the
-    read-out scales to learn the threshold for, stored with it (default: the checkpoint's own).
+    read-out scales to learn the threshold for, stored with it (default: the checkpoint's own);
+    ``quantile`` (detect): the share of the normal images' scores at or below the threshold
+    (default: tasks.detection.calibration.QUANTILE, 0.99).
     """
     ck = load_checkpoint(src, resolve_device(device))
     if ck.config.task == "detect":
-        key, facts = "detect", calibrate(ck, paths, scales=scales)
+        extra = {} if quantile is None else {"quantile": quantile}
+        key, facts = "detect", calibrate(ck, paths, scales=scales, **extra)
     else:
         if scales:
             raise ValueError("--scales is for detectors: a denoiser has no read-out scales")
+        if quantile is not None:
+            raise ValueError("--quantile is for detectors: a denoiser's OOD threshold is fixed at 0.99")
         images = load_images(paths, ck.config.channels)
         key, facts = "ood", calibrate_ood(ck, images, samples, seed, max_seconds, progress)
     facts = {**facts, **(note or {})}

@@ -178,6 +178,36 @@ def test_calibrate_learns_a_threshold_for_the_scales_asked(tmp_path, run_cli, rn
     assert code == 2 and "--scales" in err and not bad.exists()
 
 
+def test_calibrate_quantile_sets_the_operating_point(tmp_path, run_cli, rng, ckpt_paths):
+    """`--quantile Q`: the threshold is that quantile of the normal images' scores (0.5: their median,
+    1: their maximum); outside (0, 1], or for a denoiser, one line, exit 2 and nothing written."""
+    from conftest import tiny_model
+
+    from indeed_cli.model import read_metadata, save_checkpoint
+
+    det = save_checkpoint(
+        tmp_path / "det.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]}
+    )
+    normal = tmp_path / "normal"
+    normal.mkdir()
+    for i in range(3):
+        write_png(normal / f"{i}.png", rng.integers(0, 256, (40, 48), dtype=np.uint8))
+    facts = {}
+    for q in ("0.5", "1"):
+        out = tmp_path / f"cal{q}.safetensors"
+        code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "-o", out, "--quantile", q, "--device", "cpu")
+        assert code == 0, err
+        facts[q] = read_metadata(out)["extra"]["detect"]
+        assert facts[q]["quantile"] == float(q)
+    assert facts["0.5"]["threshold"] == facts["0.5"]["normal_scores"]["median"]
+    assert facts["1"]["threshold"] == facts["1"]["normal_scores"]["max"] > facts["0.5"]["threshold"]
+    bad = tmp_path / "b.safetensors"
+    code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "-o", bad, "--quantile", "0")
+    assert code == 2 and "--quantile" in err and len(err.strip().splitlines()) == 1 and not bad.exists()
+    code, _, err = run_cli("calibrate", "-w", ckpt_paths[1], "--data", normal, "-o", bad, "--quantile", "0.9")
+    assert code == 2 and "--quantile" in err and not bad.exists()
+
+
 def test_train_gives_a_detector_imagenet_features(tmp_path, run_cli, rng):
     """`--support-features FILE`: f_thetaM of a trained detector also reads the frozen trunk, which the
     new checkpoint carries, so `indeed detect` needs no feature file; a missing file is one line."""
