@@ -12,7 +12,7 @@ from pathlib import Path
 from ..inference import resolve_device
 from ..model import load_checkpoint, save_checkpoint
 from ..tasks.detection import calibrate
-from ..tasks.ood import calibrate_ood
+from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
 
 
@@ -46,7 +46,8 @@ def calibrate_checkpoint(
         if scales:
             raise ValueError("--scales is for detectors: a denoiser has no read-out scales")
         if quantile is not None:
-            raise ValueError("--quantile is for detectors: a denoiser's OOD threshold is fixed at 0.99")
+            fixed = f"a denoiser's OOD threshold is fixed at {DEFAULT_QUANTILE:g}"
+            raise ValueError(f"--quantile is for detectors: {fixed}")
         images = load_images(paths, ck.config.channels)
         key, facts = "ood", calibrate_ood(ck, images, samples, seed, max_seconds, progress)
     facts = {**facts, **(note or {})}
