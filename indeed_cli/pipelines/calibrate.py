@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..inference import resolve_device
 from ..model import load_checkpoint, save_checkpoint
-from ..tasks.detection import calibrate
+from ..tasks.detection import QUANTILE, calibrate
 from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
 
@@ -36,12 +36,12 @@ def calibrate_checkpoint(
     ``progress(n)`` hears of each).  ``note`` is merged into the facts.  ``scales`` (detect): the
     read-out scales to learn the threshold for, stored with it (default: the checkpoint's own);
     ``quantile`` (detect): the share of the normal images' scores at or below the threshold
-    (default: tasks.detection.calibration.QUANTILE, 0.99).
+    (default: tasks.detection.QUANTILE, 0.99).
     """
     ck = load_checkpoint(src, resolve_device(device))
     if ck.config.task == "detect":
-        extra = {} if quantile is None else {"quantile": quantile}
-        key, facts = "detect", calibrate(ck, paths, scales=scales, **extra)
+        quantile = QUANTILE if quantile is None else quantile
+        key, facts = "detect", calibrate(ck, paths, scales=scales, quantile=quantile)
     else:
         if scales:
             raise ValueError("--scales is for detectors: a denoiser has no read-out scales")
