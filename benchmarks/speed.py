@@ -3,6 +3,7 @@
 
     python benchmarks/speed.py --device cpu --size 512 --readout whole,tiles
     python benchmarks/speed.py --device cuda --size 4096 --batch 64,256 --precision fp32,bf16
+    python benchmarks/speed.py --device cuda --size 4096 --batch 256 --precision bf16 --fused on,off
 
 Counts image pixels (not tile pixels) over wall time, after one warm-up run; the image
 stays on the CPU and tiles travel to the device, as in the CLI.  Also reports peak RSS.
@@ -21,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from indeed_cli import InferenceOptions, denoise, detect, load_model  # noqa: E402
+from indeed_cli.model import network  # noqa: E402
 
 
 def main() -> None:
@@ -41,6 +43,11 @@ def main() -> None:
     ap.add_argument(
         "--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape (warm-up pays it)"
     )
+    ap.add_argument(
+        "--fused",
+        default="on",
+        help="on, off or on,off: ResBlocks' conv+bias+ReLU as one cuDNN call on a GPU (model.network.FUSED_CONV_RELU)",
+    )
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's top operations (last setting)")
     a = ap.parse_args()
     if a.task == "detect":
@@ -53,19 +60,24 @@ def main() -> None:
     torch.backends.cudnn.benchmark = a.cudnn_benchmark
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"Command: `python {' '.join(sys.argv)}`  \nDevice: {name}, torch {torch.__version__}\n")
-    print("| size | read-out | overlap | batch | precision | s / image | MP/s |\n|---|---|---|---|---|---|---|")
+    print("| size | read-out | overlap | batch | precision | fused | s / image | MP/s |")
+    print("|---|---|---|---|---|---|---|---|")
     readouts = {"default": None, "whole": True, "tiles": False}
     for size in a.size:
         h, w = (int(v) for v in size.split("x")) if "x" in size else (int(size), int(size))
         y = np.random.default_rng(0).random((a.channels, h, w), dtype=np.float32)
         settings = [
-            (r, ov, b, p)
+            (r, ov, b, p, f)
             for r in a.readout.split(",")
             for ov in map(int, a.overlap.split(","))
             for b in map(int, a.batch.split(","))
             for p in a.precision.split(",")
+            for f in a.fused.split(",")
         ]
-        for r, ov, b, p in settings:
+        for r, ov, b, p, f in settings:
+            if f not in ("on", "off"):
+                raise SystemExit(f"--fused takes on and/or off, got {f!r}")
+            network.FUSED_CONV_RELU = f == "on"
             # warm-up pays compiling
             o = InferenceOptions(overlap=ov, batch=b, precision=p, compile=a.compile, whole_image=readouts[r])
             run(ck, y, o)
@@ -79,7 +91,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                 ts.append(time.perf_counter() - t)
             s = float(np.median(ts))
-            print(f"| {h}x{w} | {r} | {ov} | {b} | {p} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
+            print(f"| {h}x{w} | {r} | {ov} | {b} | {p} | {f} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
     print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     if a.profile:  # where one run's time goes: CPU-side work vs device kernels and copies
         from torch.profiler import ProfilerActivity, profile

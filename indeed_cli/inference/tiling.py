@@ -232,7 +232,9 @@ def tiled_apply(
                     vectors.setdefault(k, []).append(v.cpu())
         if progress is not None:
             progress(nx * len(ys))
-    norm = (g.coverage(g.ys, h)[:, None] * g.coverage(g.xs, w)[None, :]).to(home)
+    # the outer product made where the maps are: made on the CPU and copied, it cost a 4096x4096 image
+    # a 67 MB pageable copy and a pass on one core (8 and 5 ms of 160 on an H200)
+    norm = g.coverage(g.ys, h).to(home)[:, None] * g.coverage(g.xs, w).to(home)[None, :]
     for k in maps:
         maps[k] = maps[k] / norm if keep_on_device else _to_cpu(maps[k] / norm)
     grids = {k: torch.cat(v).reshape(*g.shape, *v[0].shape[1:]) for k, v in vectors.items()}

@@ -151,3 +151,56 @@ def test_with_parameters_replaces_the_named_weights_and_shares_the_rest():
         torch.testing.assert_close(new(y).S_hat, slow(y).S_hat)
     with pytest.raises(KeyError, match="no such weights"):
         model.with_parameters({"sparse.nothing": torch.zeros(1)})
+
+
+def _resblock_pair(seed: int = 0):
+    from indeed_cli.model.network import ResBlock
+
+    torch.manual_seed(seed)
+    block = ResBlock(8).eval()
+    return block, torch.randn(2, 8, 16, 16)
+
+
+def test_fused_conv_relu_falls_back_to_the_plain_block_where_cudnn_refuses(monkeypatch):
+    """On a CPU the cuDNN op does not exist: a block told to fuse computes the plain result and
+    turns the fused path off, instead of failing."""
+    from indeed_cli.model import network
+
+    block, x = _resblock_pair()
+    with torch.no_grad():
+        plain = block(x)
+        monkeypatch.setattr(network.ResBlock, "_fuses", lambda self, x: network.FUSED_CONV_RELU)
+        monkeypatch.setattr(network, "FUSED_CONV_RELU", True)
+        assert block._fused_conv_relu(x) is None and network.FUSED_CONV_RELU is False
+        monkeypatch.setattr(network, "FUSED_CONV_RELU", True)
+        assert torch.equal(block(x), plain) and network.FUSED_CONV_RELU is False
+
+
+def test_the_plain_block_is_kept_for_training_and_normalised_blocks():
+    from indeed_cli.model.network import ResBlock
+
+    block, x = _resblock_pair()
+    assert not block._fuses(x)  # a CPU tensor
+    if torch.cuda.is_available():
+        x = x.cuda()
+        assert ResBlock(8).cuda()._fuses(x) is False  # autograd is on
+        with torch.no_grad():
+            assert not ResBlock(8, groups=2).cuda()._fuses(x)  # GroupNorm sits between conv1 and the ReLU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused path runs on CUDA GPUs")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_conv_relu_matches_the_plain_block_on_a_gpu(monkeypatch, dtype):
+    from indeed_cli.model import network
+
+    block, x = _resblock_pair()
+    block = block.cuda().to(dtype=dtype, memory_format=torch.channels_last)
+    x = x.cuda().to(dtype=dtype, memory_format=torch.channels_last)
+    with torch.no_grad():
+        assert block._fuses(x)
+        fused = block(x)
+        assert network.FUSED_CONV_RELU, "cuDNN refused the fused call"
+        monkeypatch.setattr(network, "FUSED_CONV_RELU", False)
+        plain = block(x)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-3  # TF32 / bf16 convolutions in either path
+    assert torch.allclose(fused.float(), plain.float(), atol=tol, rtol=tol)
