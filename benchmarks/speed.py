@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument(
         "--fused",
         default="on",
-        help="on, off or on,off: ResBlocks' conv+bias+ReLU as one cuDNN call on a GPU (model.network.FUSED_CONV_RELU)",
+        help="on, off or on,off: residual blocks as fused cuDNN (GPU) or oneDNN (CPU) calls (network.FUSED_BLOCKS)",
     )
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's top operations (last setting)")
     a = ap.parse_args()
@@ -77,7 +77,7 @@ def main() -> None:
         for r, ov, b, p, f in settings:
             if f not in ("on", "off"):
                 raise SystemExit(f"--fused takes on and/or off, got {f!r}")
-            network.FUSED_CONV_RELU = f == "on"
+            network.FUSED_BLOCKS = f == "on"
             # warm-up pays compiling
             o = InferenceOptions(overlap=ov, batch=b, precision=p, compile=a.compile, whole_image=readouts[r])
             run(ck, y, o)

@@ -17,6 +17,18 @@ from indeed_cli.model.features import LITE0_BLOCKS
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def fused_blocks_stay_on():
+    """The fused residual blocks turn themselves off for the process when a backend refuses a call
+    (model.network.FUSED_BLOCKS): a silent loss of speed.  No code path of the tests may cause it
+    (tests that switch it off do so through monkeypatch, which restores it first)."""
+    from indeed_cli.model import network
+
+    yield
+    refused, network.FUSED_BLOCKS = not network.FUSED_BLOCKS, True  # the next test starts fused again
+    assert not refused, "a fused residual block call was refused: the fused path is off"
+
+
 # `indeed train` options that make the network of tiny_config and train it in a moment
 TINY_TRAIN = ["--rank", "4", "--sparse-width", "8", "--lowrank-width", "8", "--patch", "32", "--batch", "2"]
 

@@ -39,12 +39,31 @@ def standard_normal(like: Tensor) -> Tensor:
     return torch.randn(like.shape, dtype=like.dtype, device=like.device)
 
 
-# Inference on a CUDA GPU runs the first convolution of each ResBlock without normalisation as one
-# cuDNN call with its bias and ReLU (torch.cudnn_convolution_relu) instead of a convolution and two
-# elementwise passes: PyTorch adds a convolution's bias in a pass of its own, and those passes took
-# 28% of the GPU time of a 4096x4096 read-out (docs/results.md, "Speed and memory").  Set to False to
-# time or check the plain path; it turns itself off if cuDNN refuses the fused call.
-FUSED_CONV_RELU = True
+# Inference runs each ResBlock without normalisation with fused kernels: PyTorch otherwise adds a
+# convolution's bias (on a GPU), the ReLU and the residual sum in elementwise passes of their own.
+# On a CUDA GPU the first convolution, its bias and the ReLU are one cuDNN call
+# (torch.cudnn_convolution_relu); those passes took 28% of the GPU time of a 4096x4096 read-out.
+# On a CPU both convolutions are oneDNN calls with the ReLU, and the residual sum, as post-ops
+# (the operators torch.compile's CPU backend emits).  docs/results.md, "Speed and memory".  Set to
+# False to time or check the plain path; it turns itself off if the backend refuses a fused call.
+FUSED_BLOCKS = True
+
+
+def _onednn_convolution():
+    """oneDNN's fused convolution operator, or None where this build of torch has none."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._convolution_pointwise
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_ONEDNN = _onednn_convolution()
+# a tensor of a torch.func transform (vmap of grouped adaptation, grad): the fused operators have no
+# batching rules, and vmap's fallback runs them image by image with a warning.  Where this torch
+# cannot tell, every tensor counts as transformed (plain blocks).
+_transformed = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: True)
 
 
 class ResBlock(nn.Module):
@@ -59,32 +78,48 @@ class ResBlock(nn.Module):
         self.norm2 = nn.GroupNorm(groups, ch) if groups else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self._fused_conv_relu(x) if self._fuses(x) else None
-        if y is None:
+        out = self._fused(x) if self._fuses(x) else None
+        if out is None:
             y = F.relu(self.norm1(self.conv1(x)))
-        return x + self.norm2(self.conv2(y))
+            out = x + self.norm2(self.conv2(y))
+        return out
 
     def _fuses(self, x: Tensor) -> bool:
-        """Whether conv1, its bias and the ReLU run as one cuDNN call: CUDA inference (no autograd:
-        the fused op has no backward), no normalisation between them, and not under torch.compile,
-        which fuses the bias and ReLU into its own kernels."""
-        return (
-            FUSED_CONV_RELU
-            and x.is_cuda
-            and x.dim() == 4
-            and not torch.is_grad_enabled()
-            and isinstance(self.norm1, nn.Identity)
-            and not torch.compiler.is_compiling()
+        """Whether the block runs fused: inference (no autograd: the fused operators have no
+        backward), no normalisation between convolution and ReLU, a CUDA tensor or a float32 /
+        bfloat16 CPU tensor where oneDNN is built in, and not while torch.compile, TorchScript or
+        the ONNX exporter traces the block, nor inside torch.func transforms such as the vmap of
+        grouped adaptation (they need the plain operators), nor under autocast."""
+        if not (FUSED_BLOCKS and x.dim() == 4 and not torch.is_grad_enabled()):
+            return False
+        if not isinstance(self.norm1, nn.Identity):
+            return False
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():  # the ONNX exporter traces
+            return False
+        if _transformed(x) or _transformed(self.conv1.weight) or _transformed(self.conv2.weight):
+            return False
+        # autocast casts the inputs of convolutions, not of the fused operators
+        if torch.is_autocast_enabled(x.device.type) or x.dtype != self.conv1.weight.dtype:
+            return False
+        return x.is_cuda or (
+            _ONEDNN is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
         )
 
-    def _fused_conv_relu(self, x: Tensor) -> Tensor | None:
-        """relu(conv1(x) + bias) in one cuDNN call; None (and the fused path off) if cuDNN refuses it."""
-        global FUSED_CONV_RELU
-        c = self.conv1
+    def _fused(self, x: Tensor) -> Tensor | None:
+        """The block's output from fused calls; None (and fusion off) if the backend refuses them."""
+        global FUSED_BLOCKS
+        c1, c2 = self.conv1, self.conv2
         try:
-            return torch.cudnn_convolution_relu(x, c.weight, c.bias, c.stride, c.padding, c.dilation, c.groups)
-        except (RuntimeError, NotImplementedError):
-            FUSED_CONV_RELU = False
+            if x.is_cuda:  # conv1 + bias + ReLU in one call; conv2's bias and the sum stay two passes
+                y = torch.cudnn_convolution_relu(x, c1.weight, c1.bias, c1.stride, c1.padding, c1.dilation, c1.groups)
+                return x + c2(y)
+            y = _ONEDNN(x, c1.weight, c1.bias, c1.padding, c1.stride, c1.dilation, c1.groups, "relu", [], "")
+            # conv2(y) + bias + x in one call: the residual sum as a binary post-op
+            return _ONEDNN.binary(
+                y, x, c2.weight, c2.bias, c2.padding, c2.stride, c2.dilation, c2.groups, "add", 1.0, None, [], None
+            )
+        except (RuntimeError, NotImplementedError, TypeError):
+            FUSED_BLOCKS = False
             return None
 
 

@@ -1,10 +1,12 @@
 """The modular network: shapes, sampling vs posterior means, module selection, input checks."""
 
+import warnings
+
 import pytest
 import torch
 from conftest import tiny_config, tiny_model
 
-from indeed_cli.model import InDeed
+from indeed_cli.model import InDeed, network
 from indeed_cli.model.posteriors import low_rank
 
 
@@ -161,46 +163,91 @@ def _resblock_pair(seed: int = 0):
     return block, torch.randn(2, 8, 16, 16)
 
 
-def test_fused_conv_relu_falls_back_to_the_plain_block_where_cudnn_refuses(monkeypatch):
-    """On a CPU the cuDNN op does not exist: a block told to fuse computes the plain result and
-    turns the fused path off, instead of failing."""
-    from indeed_cli.model import network
+@pytest.mark.skipif(network._ONEDNN is None, reason="this torch has no oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_fused_block_matches_the_plain_block_on_a_cpu(monkeypatch, dtype, layout):
+    block, x = _resblock_pair()
+    block = block.to(dtype=dtype, memory_format=layout)
+    x = x.to(dtype=dtype, memory_format=layout)
+    with torch.no_grad():
+        assert block._fuses(x)
+        fused = block(x)
+        assert network.FUSED_BLOCKS, "oneDNN refused the fused call"
+        monkeypatch.setattr(network, "FUSED_BLOCKS", False)
+        plain = block(x)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
+    assert fused.dtype == plain.dtype and torch.allclose(fused.float(), plain.float(), atol=tol, rtol=tol)
+
+
+def test_fused_block_falls_back_to_the_plain_block_where_the_backend_refuses(monkeypatch):
+    """A backend that refuses the fused call (an old cuDNN, a torch without the operator) costs
+    nothing but the fusion: the block computes the plain result and fusion is off from then on."""
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no fused convolution here")
 
     block, x = _resblock_pair()
     with torch.no_grad():
+        monkeypatch.setattr(network, "FUSED_BLOCKS", False)
         plain = block(x)
-        monkeypatch.setattr(network.ResBlock, "_fuses", lambda self, x: network.FUSED_CONV_RELU)
-        monkeypatch.setattr(network, "FUSED_CONV_RELU", True)
-        assert block._fused_conv_relu(x) is None and network.FUSED_CONV_RELU is False
-        monkeypatch.setattr(network, "FUSED_CONV_RELU", True)
-        assert torch.equal(block(x), plain) and network.FUSED_CONV_RELU is False
+        monkeypatch.setattr(network, "FUSED_BLOCKS", True)
+        monkeypatch.setattr(network, "_ONEDNN", refuse)
+        monkeypatch.setattr(torch, "cudnn_convolution_relu", refuse)
+        monkeypatch.setattr(network.ResBlock, "_fuses", lambda self, x: network.FUSED_BLOCKS)
+        assert torch.equal(block(x), plain) and network.FUSED_BLOCKS is False
+        assert torch.equal(block(x), plain)
 
 
-def test_the_plain_block_is_kept_for_training_and_normalised_blocks():
-    from indeed_cli.model.network import ResBlock
+def test_the_plain_block_is_kept_for_training_normalised_blocks_and_tracing():
+    block, x = _resblock_pair()
+    assert not block._fuses(x)  # autograd is on: the fused operators have no backward
+    x.requires_grad_(True)
+    block(x).sum().backward()
+    assert x.grad is not None and block.conv1.weight.grad is not None
+    with torch.no_grad():
+        assert not network.ResBlock(8, groups=2)._fuses(x.detach())  # GroupNorm between conv and ReLU
+        assert not block._fuses(x.detach().double())  # oneDNN's fused call: float32 and bfloat16
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast would not cast the fused call's inputs
+            assert not block._fuses(x.detach())
+            assert block(x.detach().bfloat16()).dtype == torch.bfloat16
+        assert not block._fuses(x.detach().bfloat16())  # the weights are float32
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            graph = str(torch.jit.trace(block, x.detach()).graph)  # ONNX export traces the same way
+        assert "aten::relu" in graph and "mkldnn" not in graph and "cudnn" not in graph
+
+
+def test_blocks_under_vmap_stay_plain():
+    """Grouped adaptation vmaps the network over stacked weights: the fused operators have no batching
+    rule there (vmap would loop over the group with a warning), so the plain block runs."""
+    from torch.func import functional_call, vmap
 
     block, x = _resblock_pair()
-    assert not block._fuses(x)  # a CPU tensor
-    if torch.cuda.is_available():
-        x = x.cuda()
-        assert ResBlock(8).cuda()._fuses(x) is False  # autograd is on
-        with torch.no_grad():
-            assert not ResBlock(8, groups=2).cuda()._fuses(x)  # GroupNorm sits between conv1 and the ReLU
+    params = {k: torch.stack([v, v + 0.01]) for k, v in block.named_parameters()}
+    seen = []
+
+    def run(p, y):
+        seen.append(block._fuses(y))
+        return functional_call(block, p, (y,))
+
+    with torch.no_grad():
+        out = vmap(run)(params, torch.stack([x, x + 1]))
+        each = [functional_call(block, {k: v[i] for k, v in params.items()}, (x + i,)) for i in range(2)]
+    assert seen == [False] and torch.allclose(out, torch.stack(each), atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused path runs on CUDA GPUs")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_conv_relu_matches_the_plain_block_on_a_gpu(monkeypatch, dtype):
-    from indeed_cli.model import network
-
+def test_fused_block_matches_the_plain_block_on_a_gpu(monkeypatch, dtype):
     block, x = _resblock_pair()
     block = block.cuda().to(dtype=dtype, memory_format=torch.channels_last)
     x = x.cuda().to(dtype=dtype, memory_format=torch.channels_last)
     with torch.no_grad():
         assert block._fuses(x)
         fused = block(x)
-        assert network.FUSED_CONV_RELU, "cuDNN refused the fused call"
-        monkeypatch.setattr(network, "FUSED_CONV_RELU", False)
+        assert network.FUSED_BLOCKS, "cuDNN refused the fused call"
+        monkeypatch.setattr(network, "FUSED_BLOCKS", False)
         plain = block(x)
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-3  # TF32 / bf16 convolutions in either path
     assert torch.allclose(fused.float(), plain.float(), atol=tol, rtol=tol)
