@@ -247,6 +247,9 @@ def _ddp_rank(rank: int, port: int, data: str, out: str, result, case: str) -> N
         WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
     torch.set_num_threads(1)
+    # as on a machine with GPUs: device="cpu" must still run on the CPU, with gloo (NCCL would
+    # refuse CPU tensors; a CPU build of torch has no NCCL at all)
+    torch.cuda.is_available = lambda: True
     import indeed_cli.tasks.training.loop as T
     from indeed_cli.tasks.training import list_images, load_images
 

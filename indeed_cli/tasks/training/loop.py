@@ -97,10 +97,13 @@ def _train(
     dist = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank = int(os.environ.get("RANK", "0"))
     if dist:
-        tdist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        # each rank on the GPU of its local rank, unless the CPU was asked for or there is no GPU;
+        # NCCL only for GPU tensors (a CPU run on a machine with GPUs needs gloo)
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        dev = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
-        if dev.type == "cuda":
+        on_gpu = device != "cpu" and torch.cuda.is_available()
+        dev = torch.device(f"cuda:{local}" if on_gpu else "cpu")
+        tdist.init_process_group("nccl" if on_gpu else "gloo")
+        if on_gpu:
             torch.cuda.set_device(dev)
     else:
         dev = torch.device(
