@@ -63,7 +63,7 @@ _ONEDNN = _onednn_convolution()
 # a tensor of a torch.func transform (vmap of grouped adaptation, grad): the fused operators have no
 # batching rules, and vmap's fallback runs them image by image with a warning.  Where this torch
 # cannot tell, every tensor counts as transformed (plain blocks).
-_transformed = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: True)
+_transformed = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: True)
 
 
 class ResBlock(nn.Module):
