@@ -12,6 +12,7 @@ stays on the CPU and tiles travel to the device, as in the CLI.  Also reports pe
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -23,6 +24,26 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from indeed_cli import InferenceOptions, denoise, detect, load_model  # noqa: E402
 from indeed_cli.model import network  # noqa: E402
+
+
+def cpu_description() -> str:
+    """The CPU, its thread count and the vector units oneDNN may use: the same network took half as
+    long again with AVX2 alone as with AVX-512 and AMX (docs/results.md, "Speed and memory")."""
+    model, flags = "unknown model", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown model":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    units = [u for u in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if u in flags] or ["not read"]
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    return f"CPU {model}, {torch.get_num_threads()} threads, {'/'.join(units)}" + (
+        f", oneDNN capped at {capped}" if capped else ""
+    )
 
 
 def main() -> None:
@@ -58,7 +79,7 @@ def main() -> None:
         run = denoise
     dev = next(ck.model.parameters()).device
     torch.backends.cudnn.benchmark = a.cudnn_benchmark
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_description()
     print(f"Command: `python {' '.join(sys.argv)}`  \nDevice: {name}, torch {torch.__version__}\n")
     print("| size | read-out | overlap | batch | precision | fused | s / image | MP/s |")
     print("|---|---|---|---|---|---|---|---|")
