@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import numpy as np
 import torch
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (Python's own guess elsewhere)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def indeed_method(

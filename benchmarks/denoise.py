@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import cbm3d_method, ffdnet_kair_method, ffdnet_method, indeed_lowrank_method, indeed_method  # noqa: E402
+from common import (  # noqa: E402
+    cbm3d_method,
+    cpu_name,
+    ffdnet_kair_method,
+    ffdnet_method,
+    indeed_lowrank_method,
+    indeed_method,
+)
 from PIL import Image  # noqa: E402
 
 from indeed_cli.inference import check_ensemble, check_pixel_shuffle  # noqa: E402
@@ -48,16 +54,6 @@ from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import add_awgn, image_seed, psnr, ssim  # noqa: E402
 
 SETS = {"CBSD68": 3, "Kodak24": 3, "Set12": 1, "BSD68": 1}
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def seconds_per_mp(fn, channels: int, reps: int = 3) -> float:

@@ -22,26 +22,20 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import cpu_name  # noqa: E402  (benchmarks/ is on the path: the script's own folder)
+
 from indeed_cli import InferenceOptions, denoise, detect, load_model  # noqa: E402
+from indeed_cli.inference.runtime import _cpu_flags  # noqa: E402  (the flags line of /proc/cpuinfo)
 from indeed_cli.model import network  # noqa: E402
 
 
 def cpu_description() -> str:
     """The CPU, its thread count and the vector units oneDNN may use: the same network took half as
     long again with AVX2 alone as with AVX-512 and AMX (docs/results.md, "Speed and memory")."""
-    model, flags = "unknown model", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown model":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    flags = set(_cpu_flags().partition(":")[2].split())
     units = [u for u in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if u in flags] or ["not read"]
     capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
-    return f"CPU {model}, {torch.get_num_threads()} threads, {'/'.join(units)}" + (
+    return f"CPU {cpu_name()}, {torch.get_num_threads()} threads, {'/'.join(units)}" + (
         f", oneDNN capped at {capped}" if capped else ""
     )
 
