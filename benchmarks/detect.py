@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mt_split import split  # noqa: E402
 
-from indeed_cli.inference import resolve_device  # noqa: E402
+from indeed_cli.inference import check_ensemble, resolve_device  # noqa: E402
 from indeed_cli.io import load_mask, read_image  # noqa: E402
 from indeed_cli.metrics import detection_metrics  # noqa: E402
 from indeed_cli.model import load_checkpoint  # noqa: E402
@@ -45,6 +45,7 @@ from indeed_cli.tasks.detection import (  # noqa: E402
     anomaly_map_from_sparse,
     detect,
     image_score,
+    readout_ensemble,
     readout_scales,
 )
 from indeed_cli.tasks.training import list_images  # noqa: E402
@@ -100,6 +101,11 @@ def main() -> None:
         choices=sorted(SCORE_DEFINITIONS),
         help="image score for every network (default: each checkpoint's own; rpca: top5)",
     )
+    ap.add_argument(
+        "--ensemble",
+        default=None,
+        help="maps averaged over N flips and rotations for every network (2, 4, 8; default: each checkpoint's own)",
+    )
     ap.add_argument("--peer-scale", type=float, default=1.0, help="patchcore: input scale")
     ap.add_argument(
         "--peer-normal",
@@ -134,8 +140,10 @@ def main() -> None:
         print(f"patchcore: memory bank {tuple(peer.bank.shape)} from {len(bank)} images, "
               f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)  # fmt: skip
     scales = parse_scales(a.scales) if a.scales else None  # the CLI's rule: distinct, in (0, 1]
+    ensemble = check_ensemble(a.ensemble) if a.ensemble else None
     for m, ck in models.items():
-        print(f"{m}: {ck.source}, scales {scales or readout_scales(ck)}", file=sys.stderr)
+        used = f"scales {scales or readout_scales(ck)}, ensemble {ensemble or readout_ensemble(ck)}"
+        print(f"{m}: {ck.source}, {used}", file=sys.stderr)
     results = {}
     for m in methods:
         maps, masks, scores, labels, classes = [], [], [], [], []
@@ -149,7 +157,7 @@ def main() -> None:
                 amap = peer.anomaly_map(img.data)
                 score = float(amap.max())
             else:
-                det = detect(models[m], img, scales=scales, score=a.score)
+                det = detect(models[m], img, scales=scales, score=a.score, ensemble=ensemble)
                 amap, score = det.anomaly_map, det.score
             mask = load_mask(p, amap.shape)
             maps.append(amap)

@@ -54,6 +54,15 @@ def calibrate_cmd(
             "(default 0.99; 0.95 flags more defects and about one normal image in twenty).",
         ),
     ] = None,
+    ensemble: Annotated[
+        str | None,
+        typer.Option(
+            "--ensemble",
+            metavar="N",
+            help="detect: learn the threshold for maps averaged over N flips and rotations of each image "
+            "(2, 4 or 8; stored, and `indeed detect` then reads out so; N times the time).",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,
@@ -80,6 +89,7 @@ def calibrate_cmd(
             {"data": [str(d) for d in data]},
             scales=read_scales,
             quantile=quantile,
+            ensemble=ensemble,
         )
     except ValueError as e:
         raise CLIError(str(e)) from None

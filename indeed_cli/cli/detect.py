@@ -29,12 +29,21 @@ def detect_cmd(
             help="Read-out scales, e.g. 1,0.5,0.25 (maps averaged); default: those stored with the threshold.",
         ),
     ] = None,
+    ensemble: Annotated[
+        str | None,
+        typer.Option(
+            "--ensemble",
+            metavar="N",
+            help="Average the maps of N flips and rotations of each image (2, 4 or 8; N times the time); "
+            "default: as many as the threshold was calibrated with (`indeed calibrate --ensemble`).",
+        ),
+    ] = None,
     run: RunOptions = RunOptions(),
 ) -> None:
     """Detect anomalies (defects) pixel by pixel; one JSON line per image with --json."""
     read_scales = parse_scales(scales) if scales else None
     report = Reporter(run.json_out, run.quiet)
-    detect_folder(inputs, maps, threshold=threshold, scales=read_scales, **run.folder_run(report))
+    detect_folder(inputs, maps, threshold=threshold, scales=read_scales, ensemble=ensemble, **run.folder_run(report))
     report.finish(flag_summary(report.processed()))
 
 

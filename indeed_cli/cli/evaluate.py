@@ -68,9 +68,13 @@ def evaluate_cmd(
         ),
     ] = "1",
     ensemble: Annotated[
-        str,
-        typer.Option("--ensemble", metavar="N", help="denoise: score the read-out of `indeed denoise --ensemble N`."),
-    ] = "1",
+        str | None,
+        typer.Option(
+            "--ensemble",
+            metavar="N",
+            help="Score the read-out of `indeed denoise|detect --ensemble N` (detect default: the calibrated one).",
+        ),
+    ] = None,
     run: RunOptions = RunOptions(),
 ) -> None:
     """Score denoising (PSNR/SSIM) or anomaly detection (AUROC/AP), as a table or JSON lines."""
@@ -78,10 +82,11 @@ def evaluate_cmd(
     on_row = emit_json if run.json_out else None
     common = {"weights": run.weights, "device": run.device, "options": opts, "on_row": on_row}
     if task == "detect":
-        summary = evaluate_detect(clean, mask_suffix=mask_suffix, **common)
+        summary = evaluate_detect(clean, mask_suffix=mask_suffix, ensemble=ensemble, **common)
     elif task == "denoise":
         summary = evaluate_denoise(clean, sigmas=sigma, clipped8=clipped, noisy=noisy, pair=pair, limit=limit,
-                                   noise=noise, pixel_shuffle=pixel_shuffle, ensemble=ensemble, **common)  # fmt: skip
+                                   noise=noise, pixel_shuffle=pixel_shuffle, ensemble=ensemble or "1",
+                                   **common)  # fmt: skip
     else:
         raise CLIError(f"--task must be denoise or detect, got {task!r}")
     if run.json_out:

@@ -5,6 +5,7 @@ Layer 2 of the package: imports :mod:`indeed_cli.model` and :mod:`indeed_cli.io`
 
 from .channels import ChannelAdapter, as_model_channels, training_channels
 from .decomposition import (
+    DIHEDRAL,
     ENSEMBLES,
     MAX_PIXEL_SHUFFLE,
     Decomposed,
@@ -16,6 +17,7 @@ from .decomposition import (
     denoise,
     denoise_batch,
     denoise_with_stats,
+    dihedral,
     ensemble_mean,
     n_tiles,
     pixel_shuffle_denoise,
@@ -27,6 +29,7 @@ from .runtime import InferenceOptions, load_model, native_bf16, network_for, res
 from .tiling import TileGrid, reflect_index, tiled_apply
 
 __all__ = [
+    "DIHEDRAL",
     "ENSEMBLES",
     "MAX_PIXEL_SHUFFLE",
     "ChannelAdapter",
@@ -42,6 +45,7 @@ __all__ = [
     "denoise",
     "denoise_batch",
     "denoise_with_stats",
+    "dihedral",
     "ensemble_mean",
     "load_model",
     "n_tiles",

@@ -28,6 +28,7 @@ def calibrate_checkpoint(
     progress=None,
     scales: tuple[float, ...] | None = None,
     quantile: float | None = None,
+    ensemble: int | str | None = None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
@@ -36,15 +37,18 @@ def calibrate_checkpoint(
     ``progress(n)`` hears of each).  ``note`` is merged into the facts.  ``scales`` (detect): the
     read-out scales to learn the threshold for, stored with it (default: the checkpoint's own);
     ``quantile`` (detect): the share of the normal images' scores at or below the threshold
-    (default: tasks.detection.QUANTILE, 0.99).
+    (default: tasks.detection.QUANTILE, 0.99); ``ensemble`` (detect): the flips and rotations of
+    each image whose maps are averaged, stored with the threshold (default 1).
     """
     ck = load_checkpoint(src, resolve_device(device))
     if ck.config.task == "detect":
         quantile = QUANTILE if quantile is None else quantile
-        key, facts = "detect", calibrate(ck, paths, scales=scales, quantile=quantile)
+        key, facts = "detect", calibrate(ck, paths, scales=scales, quantile=quantile, ensemble=ensemble or 1)
     else:
         if scales:
             raise ValueError("--scales is for detectors: a denoiser has no read-out scales")
+        if ensemble is not None:
+            raise ValueError("--ensemble is for detectors: a denoiser's OOD statistics have no maps to average")
         if quantile is not None:
             fixed = f"a denoiser's OOD threshold is fixed at {DEFAULT_QUANTILE:g}"
             raise ValueError(f"--quantile is for detectors: {fixed}")

@@ -12,8 +12,8 @@ from PIL import Image
 from ..inference import InferenceOptions
 from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via
 from ..model import Checkpoint
-from ..tasks.detection import detect, detect_tiles, readout_scales, stored_threshold
-from .inputs import UsageError, expand_inputs, input_names, require_folder, skip_done
+from ..tasks.detection import detect, detect_tiles, readout_ensemble, readout_scales, stored_threshold
+from .inputs import UsageError, ensemble_setting, expand_inputs, input_names, require_folder, skip_done
 from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
 
 
@@ -57,6 +57,7 @@ def detect_folder(
     *,
     threshold: float | None = None,
     scales: tuple[float, ...] | None = None,
+    ensemble: int | str | None = None,
     weights: str | Path | Checkpoint | None = None,
     device: str = "auto",
     options: InferenceOptions | None = None,
@@ -69,12 +70,15 @@ def detect_folder(
 ) -> list[Outcome]:
     """Map anomalies of ``inputs`` into the folder ``maps`` (:func:`map_files` names the files).
 
-    ``threshold`` and ``scales`` default to what the detector was calibrated with.  Each Outcome's
+    ``threshold``, ``scales`` and ``ensemble`` (flips and rotations whose maps are averaged,
+    :func:`~indeed_cli.tasks.detection.detect`) default to what the detector was calibrated with.  Each Outcome's
     record holds the image score, whether it is anomalous (score above the threshold), the share of
     pixels above the threshold and the map files.  Errors and ``shard`` as
     :func:`~indeed_cli.pipelines.denoise_folder`.
     """
     maps = Path(maps)
+    if ensemble is not None:
+        ensemble = ensemble_setting(ensemble)
     opts = options or InferenceOptions()
     progress = progress or Progress()
     every = paths = expand_inputs(inputs, recursive)
@@ -94,11 +98,12 @@ def detect_folder(
                 if t is None:
                     raise UsageError(f"{ck.source} stores no threshold; pass --threshold")
                 use = scales or readout_scales(ck)
+                n = ensemble or readout_ensemble(ck)
                 t0 = time.perf_counter()
-                tiles = detect_tiles(ck, *img.size, opts, use)
+                tiles = detect_tiles(ck, *img.size, opts, use, n)
                 note_large_image(progress, src.name, *img.size, img.channels, tiles)
                 with progress.tiles(src.name, tiles) as advance:
-                    det = detect(ck, img, opts, progress=advance, scales=use)
+                    det = detect(ck, img, opts, progress=advance, scales=use, ensemble=n)
             except ImageError as e:
                 yield Outcome(src, {"image": str(src)}, e)
                 continue
@@ -108,6 +113,7 @@ def detect_folder(
                 "score": round(det.score, 6),
                 "anomalous": bool(det.score > t),
                 "threshold": t,
+                "ensemble": n,
                 "anomalous_fraction": round(float((amap > t).mean()), 6),
                 "maps": {k: str(v) for k, v in files.items()},
                 "weights": ck.source,

@@ -142,10 +142,14 @@ def evaluate_detect(
     options: InferenceOptions | None = None,
     recursive: bool = False,
     on_row: Row | None = None,
+    ensemble: int | str | None = None,
 ) -> list[dict]:
     """Pixel AUROC/AP and image AUROC of :func:`~indeed_cli.tasks.detection.detect` over images whose
     masks lie beside them (no mask: a normal image), for all images and per folder, with how many
-    anomalous and normal images the checkpoint's stored threshold flags.  Returns the summary rows."""
+    anomalous and normal images the checkpoint's stored threshold flags.  ``ensemble``: the read-out
+    of ``indeed detect --ensemble N`` (default: the detector's calibrated one).  Returns the summary rows."""
+    if ensemble is not None:
+        ensemble = ensemble_setting(ensemble)
     opts = options or InferenceOptions()
     models = ModelCache(weights, device, task="detect")
     mask_suffix = mask_suffix.lower()
@@ -157,7 +161,7 @@ def evaluate_detect(
     for p in images:
         img = read_image(p)
         ck = models.get(img.channels)
-        det = detect(ck, img, opts)
+        det = detect(ck, img, opts, ensemble=ensemble)
         t = stored_threshold(ck)
         try:
             mask = load_mask(p, det.anomaly_map.shape, mask_suffix)

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..inference import InferenceOptions
 from ..model import Checkpoint, load_checkpoint, resolve_weights
-from ..tasks.detection import has_support, readout_scales, score_kind, stored_threshold
+from ..tasks.detection import has_support, readout_ensemble, readout_scales, score_kind, stored_threshold
 from ..tasks.detection.maps import MAP_BLUR, SCORE_DEFINITIONS
 from .inputs import UsageError
 
@@ -144,6 +144,9 @@ def metadata(ck: Checkpoint, tile: int, output: str) -> dict[str, str]:
             # the read-out the threshold was learned with: this graph's tiles reproduce "tiles" only
             "indeed.threshold_readout": (ck.extra.get("detect") or {}).get("readout", "tiles"),
             "indeed.scales": json.dumps(list(readout_scales(ck))),
+            # n > 1: the threshold belongs to the mean of the maps of the first n transforms of
+            # indeed_cli.inference.DIHEDRAL of the image, each turned back (`indeed detect --ensemble`)
+            "indeed.ensemble": json.dumps(readout_ensemble(ck)),
             "indeed.map": "mean_c P (the channels of a colour image read as gray images), mean over the read-out "
             "scales" if support else f"gaussian_blur(mean_c |S|, {MAP_BLUR}), mean over the read-out scales",
             "indeed.score": kind,

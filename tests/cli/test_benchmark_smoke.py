@@ -1,6 +1,7 @@
 """Every benchmark script runs end to end on one or two tiny images with tiny models (CI keeps them
 working; the numbers they print here mean nothing)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -144,6 +145,10 @@ def test_detect_benchmark(tmp_path, rng):
                 write_png(tmp_path / cls / f"{i}.png", mask)
     out = run("detect.py", "--data", tmp_path, "--weights", det, "--methods", "indeed,rpca", "--device", "cpu")
     assert "rpca" in out
+    two = run("detect.py", "--data", tmp_path, "--weights", det, "--methods", "indeed", "--ensemble", "2", "--json",
+              tmp_path / "two.json")  # fmt: skip
+    one = json.loads((tmp_path / "two.json").read_text())["indeed"]["all"]
+    assert "indeed" in two and 0 <= one["pixel_auroc"] <= 1
 
 
 def test_onnx_speed_benchmark(tmp_path, ckpt_paths, rng):

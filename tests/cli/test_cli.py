@@ -367,3 +367,36 @@ def test_denoise_tiled_option_selects_the_read_out(run_cli, tmp_path, rng, ckpt_
         want = denoise(ck, src, InferenceOptions(tile=32, overlap=8, whole_image=whole))
         assert np.abs(outs[name] - np.round(want.transpose(1, 2, 0) * 255)).max() <= 1
     assert np.abs(outs["whole"] - outs["tiled"]).max() > 1
+
+
+def test_detect_ensemble_is_calibrated_stored_and_read_out(run_cli, tmp_path, rng, detector):
+    from indeed_cli.model import read_metadata
+
+    a = write_png(tmp_path / "t1.png", rng.integers(0, 256, (37, 50), dtype=np.uint8))
+    normal = tmp_path / "normal"
+    normal.mkdir()
+    for i in range(3):
+        write_png(normal / f"n{i}.png", rng.integers(90, 160, (32, 40), dtype=np.uint8))
+    code, out, err = run_cli("detect", a, "--maps", tmp_path / "m1", "-w", detector, "--json")
+    assert code == 0 and json.loads(out)["ensemble"] == 1, err
+    code, out, err = run_cli("detect", a, "--maps", tmp_path / "m2", "-w", detector, "--json", "--ensemble", "4")
+    assert code == 0 and json.loads(out)["ensemble"] == 4, err
+    z1, z4 = (np.load(tmp_path / m / "t1.npz")["anomaly_map"] for m in ("m1", "m2"))
+    assert z4.shape == z1.shape and not np.allclose(z1, z4)
+    code, _, err = run_cli("detect", a, "--maps", tmp_path / "m3", "-w", detector, "--ensemble", "3")
+    assert code == 2 and "--ensemble" in err and not (tmp_path / "m3").exists()
+    # calibrated with an ensemble: stored with the threshold, and `indeed detect` reads out with it
+    out2 = tmp_path / "det2.safetensors"
+    code, _, err = run_cli("calibrate", "-w", detector, "--data", normal, "-o", out2, "--ensemble", "4")
+    assert code == 0, err
+    assert read_metadata(out2)["extra"]["detect"]["ensemble"] == 4
+    den = detector.parent / "tiny1.safetensors"  # a denoiser: nothing to average for its OOD statistics
+    code, _, err = run_cli("calibrate", "-w", den, "--data", normal, "-o", tmp_path / "d.st", "--ensemble", "2")
+    assert code != 0 and "--ensemble" in err and not (tmp_path / "d.st").exists()
+    code, out, err = run_cli("detect", a, "--maps", tmp_path / "m4", "-w", out2, "--json")
+    assert code == 0 and json.loads(out)["ensemble"] == 4, err
+    assert np.allclose(np.load(tmp_path / "m4" / "t1.npz")["anomaly_map"], z4)
+    code, out, err = run_cli("evaluate", "--task", "detect", a, normal, "-w", out2, "--json")
+    assert code == 0, err
+    code, _, err = run_cli("evaluate", "--task", "detect", a, normal, "-w", out2, "--ensemble", "5")
+    assert code == 2 and "--ensemble" in err

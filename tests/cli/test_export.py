@@ -71,5 +71,6 @@ def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp
     want = detect(load_checkpoint(w), image, InferenceOptions(whole_image=False))  # `indeed detect --tiled`
     meta = session(tmp_path / "det.onnx").get_modelmeta().custom_metadata_map
     assert meta["indeed.threshold_readout"] == "tiles"  # no `readout` fact: calibrated before whole-image read-outs
+    assert meta["indeed.ensemble"] == "1"  # one read-out per image, as the example does
     np.testing.assert_allclose(amap, want.anomaly_map, atol=1e-5)
     assert score == pytest.approx(want.score, rel=1e-4) and anomalous == (want.score > 0.02)

@@ -370,3 +370,35 @@ def test_support_read_out_on_the_whole_image():
         np.testing.assert_array_equal(support_probability(ck, big, InferenceOptions(tile=32, overlap=8)), t)
     finally:
         D.WHOLE_IMAGE_PIXELS = old
+
+
+def test_detect_ensemble_averages_the_maps_of_flips_and_rotations_turned_back():
+    from conftest import tiny_model
+
+    from indeed_cli.inference import InferenceOptions, dihedral, n_tiles
+    from indeed_cli.model import Checkpoint
+    from indeed_cli.tasks.detection import calibrate, detect, detect_tiles, readout_ensemble, scale_maps
+
+    model = tiny_model(1, task="detect", support_width=8)
+    ck = Checkpoint(model, model.cfg, {"scales": [1.0, 0.5]}, {}, "x")
+    img = np.random.default_rng(0).random((1, 45, 61)).astype(np.float32)
+    assert readout_ensemble(ck) == 1
+    maps = [dihedral(scale_maps(ck, dihedral(img, k)).mean(0)[None], k, inverse=True)[0] for k in range(4)]
+    assert maps[1].shape == (45, 61) and not np.allclose(maps[0], maps[1])  # a turned read-out differs
+    for n in (2, 4):
+        det = detect(ck, img, ensemble=n)
+        assert np.allclose(det.anomaly_map, np.mean(maps[:n], 0), atol=1e-6)
+        assert det.score == pytest.approx(image_score(np.mean(maps[:n], 0)), rel=1e-5)
+    with pytest.raises(ValueError, match="ensemble"):
+        detect(ck, img, ensemble=3)
+    # the threshold is learned for the ensemble it names, and the detector then reads out with it
+    facts = calibrate(ck, [img, img * 0.5], ensemble=2)
+    assert facts["ensemble"] == 2 and calibrate(ck, [img])["ensemble"] == 1
+    calibrated = Checkpoint(model, model.cfg, ck.training, {"detect": facts}, "x")
+    assert readout_ensemble(calibrated) == 2
+    assert np.array_equal(detect(calibrated, img).anomaly_map, detect(ck, img, ensemble=2).anomaly_map)
+    assert np.array_equal(detect(calibrated, img, ensemble=1).anomaly_map, detect(ck, img).anomaly_map)
+    # progress: each transform reads as many tiles as the image
+    opts = InferenceOptions(tile=16, overlap=4)
+    assert detect_tiles(ck, 45, 61, opts, (1.0,)) == n_tiles(45, 61, opts) == n_tiles(61, 45, opts)
+    assert detect_tiles(ck, 45, 61, opts, (1.0, 0.5), 4) == 4 * detect_tiles(ck, 45, 61, opts, (1.0, 0.5))

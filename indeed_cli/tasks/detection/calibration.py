@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...inference import InferenceOptions
+from ...inference import InferenceOptions, check_ensemble
 from ...inference.decomposition import WHOLE_IMAGE_PIXELS
 from ...model import Checkpoint
 from .maps import DEFAULT_SCORE, SCORE_DEFINITIONS, detect, has_support, map_definition, readout_scales
@@ -17,14 +17,23 @@ QUANTILE = 0.99
 
 
 def calibrate(
-    ckpt: Checkpoint, normal_images, opts: InferenceOptions | None = None, scales=None, quantile: float = QUANTILE
+    ckpt: Checkpoint,
+    normal_images,
+    opts: InferenceOptions | None = None,
+    scales=None,
+    quantile: float = QUANTILE,
+    ensemble: int = 1,
 ) -> dict:
     """Threshold = the ``quantile`` (0.99: the 99th percentile) of the scores of held-out normal
-    images (default score)."""
+    images (default score), read out as :func:`detect` with ``ensemble`` flips and rotations; the
+    scales and the ensemble are stored with it, and :func:`detect` reads out with them."""
     if not 0 < quantile <= 1:
         raise ValueError(f"--quantile must be in (0, 1], got {quantile:g}")
+    ensemble = check_ensemble(ensemble)
     scales = tuple(scales or readout_scales(ckpt))
-    scores = [detect(ckpt, im, opts, scales=scales, score=DEFAULT_SCORE).score for im in normal_images]
+    scores = [
+        detect(ckpt, im, opts, scales=scales, score=DEFAULT_SCORE, ensemble=ensemble).score for im in normal_images
+    ]
     facts = {}
     if has_support(ckpt):  # which read-out the threshold belongs to (`indeed detect --tiled`, ONNX: tiles)
         tiled = opts is not None and opts.whole_image is False
@@ -34,6 +43,7 @@ def calibrate(
         "threshold": float(np.quantile(scores, quantile)),
         "n_calibration": len(scores),
         "scales": list(scales),
+        "ensemble": ensemble,
         "map": map_definition(ckpt),
         "score_kind": DEFAULT_SCORE,
         "score": SCORE_DEFINITIONS[DEFAULT_SCORE],

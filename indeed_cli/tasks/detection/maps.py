@@ -30,7 +30,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...inference import InferenceOptions, as_image, n_tiles, sparse_mean, support_probability
+from ...inference import (
+    InferenceOptions,
+    as_image,
+    check_ensemble,
+    dihedral,
+    n_tiles,
+    sparse_mean,
+    support_probability,
+)
 from ...model import Checkpoint
 from .filters import gaussian_blur, resize, scaled_size
 
@@ -95,9 +103,16 @@ def readout_scales(ckpt: Checkpoint) -> tuple[float, ...]:
     return tuple(float(v) for v in scales)
 
 
-def detect_tiles(ckpt: Checkpoint, h: int, w: int, opts: InferenceOptions, scales=None) -> int:
-    """Tiles a multi-scale read-out runs (for progress bars)."""
-    return sum(n_tiles(*scaled_size(h, w, s), opts) for s in (scales or readout_scales(ckpt)))
+def readout_ensemble(ckpt: Checkpoint) -> int:
+    """How many flips and rotations of an image a detector's map averages (:func:`detect`): as many
+    as its threshold was calibrated with; 1 for detectors calibrated without."""
+    return int((ckpt.extra.get("detect") or {}).get("ensemble", 1))
+
+
+def detect_tiles(ckpt: Checkpoint, h: int, w: int, opts: InferenceOptions, scales=None, ensemble: int = 1) -> int:
+    """Tiles a multi-scale read-out of ``ensemble`` transforms of the image runs (for progress bars;
+    a turned image has as many tiles as the image)."""
+    return ensemble * sum(n_tiles(*scaled_size(h, w, s), opts) for s in (scales or readout_scales(ckpt)))
 
 
 @dataclass
@@ -135,8 +150,23 @@ def detect(
     progress=None,
     scales: tuple[float, ...] | None = None,
     score: str | None = None,
+    ensemble: int | None = None,
 ) -> Detection:
     """Anomaly map (mean over the read-out scales) and image score (the checkpoint's, unless
-    ``score`` names another) of one image."""
-    amap = scale_maps(ckpt, image, opts, progress, scales).mean(0)
+    ``score`` names another) of one image.
+
+    ``ensemble`` N = 2, 4 or 8: the map is the mean of the maps of the first N flips and rotations of
+    the image (the order of ``indeed denoise --ensemble``), each turned back, docs/model.md
+    Eq. (self-ensemble); None: as many as the detector's threshold was calibrated with
+    (:func:`readout_ensemble`).  N read-outs, N times the time."""
+    n = check_ensemble(readout_ensemble(ckpt) if ensemble is None else ensemble)
+    if n == 1:
+        amap = scale_maps(ckpt, image, opts, progress, scales).mean(0)
+    else:
+        data, _ = as_image(image)
+        amap = np.zeros(data.shape[1:], np.float32)
+        for k in range(n):
+            turned = scale_maps(ckpt, dihedral(data, k), opts, progress, scales).mean(0)
+            amap += dihedral(turned[None], k, inverse=True)[0]
+        amap /= n
     return Detection(amap.astype(np.float32), image_score(amap, score or score_kind(ckpt)))
