@@ -14,6 +14,7 @@ from ..model import load_checkpoint, save_checkpoint
 from ..tasks.detection import QUANTILE, calibrate
 from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
+from .inputs import ensemble_setting
 
 
 def calibrate_checkpoint(
@@ -43,7 +44,8 @@ def calibrate_checkpoint(
     ck = load_checkpoint(src, resolve_device(device))
     if ck.config.task == "detect":
         quantile = QUANTILE if quantile is None else quantile
-        key, facts = "detect", calibrate(ck, paths, scales=scales, quantile=quantile, ensemble=ensemble or 1)
+        ensemble = 1 if ensemble is None else ensemble_setting(ensemble)
+        key, facts = "detect", calibrate(ck, paths, scales=scales, quantile=quantile, ensemble=ensemble)
     else:
         if scales:
             raise ValueError("--scales is for detectors: a denoiser has no read-out scales")

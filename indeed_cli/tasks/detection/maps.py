@@ -160,13 +160,10 @@ def detect(
     Eq. (self-ensemble); None: as many as the detector's threshold was calibrated with
     (:func:`readout_ensemble`).  N read-outs, N times the time."""
     n = check_ensemble(readout_ensemble(ckpt) if ensemble is None else ensemble)
-    if n == 1:
-        amap = scale_maps(ckpt, image, opts, progress, scales).mean(0)
-    else:
-        data, _ = as_image(image)
-        amap = np.zeros(data.shape[1:], np.float32)
-        for k in range(n):
-            turned = scale_maps(ckpt, dihedral(data, k), opts, progress, scales).mean(0)
-            amap += dihedral(turned[None], k, inverse=True)[0]
-        amap /= n
+    data, _ = as_image(image)
+    amap = np.zeros(data.shape[1:], np.float32)
+    for k in range(n):  # transform 0 is the image itself
+        turned = scale_maps(ckpt, dihedral(data, k), opts, progress, scales).mean(0)
+        amap += dihedral(turned[None], k, inverse=True)[0]
+    amap /= n
     return Detection(amap.astype(np.float32), image_score(amap, score or score_kind(ckpt)))
