@@ -18,6 +18,9 @@ The ONNX file holds the network of one tile; everything around it is here, in ab
   4. the map a = Gaussian(sigma 2 px, edges replicated) of mean_c |S|, or mean_c P as it is,
      resized back to the image; averaged over the scales;
   5. the score: the mean of the largest 5% of the map; anomalous when above the stored threshold.
+A detector of several members (`indeed calibrate --member`, like the bundled one) outputs one P
+channel per member; its map is the mean over members of each member's map at its own scales
+(metadata `indeed.member_scales`).
 """
 
 from __future__ import annotations
@@ -58,18 +61,19 @@ def starts(length: int, tile: int, overlap: int) -> list[int]:
 
 
 def tiled(session: ort.InferenceSession, image: np.ndarray, tile: int, overlap: int, batch: int = 8) -> np.ndarray:
-    """The network's output for a (C, h, w) image, tile by tile, blended back to (C, h, w)."""
+    """The network's output for a (C, h, w) image, tile by tile, blended back to (channels out, h, w)."""
     C, h, w = image.shape
     margin, win = overlap // 2, ramp(tile, overlap)
     ys, xs = starts(h, tile, overlap), starts(w, tile, overlap)
     spots = [(y, x) for y in ys for x in xs]
-    acc = np.zeros((C, h, w), np.float32)
+    acc = None  # as many channels as the graph outputs: C, or one per member of a detector
     for b0 in range(0, len(spots), batch):
         part = spots[b0 : b0 + batch]
         rows = [reflect_index(np.arange(y, y + tile) - margin, h) for y, _ in part]
         cols = [reflect_index(np.arange(x, x + tile) - margin, w) for _, x in part]
         tiles = np.stack([image[:, r][:, :, c] for r, c in zip(rows, cols)]).astype(np.float32)
         out = session.run(None, {"Y": tiles})[0]
+        acc = np.zeros((out.shape[1], h, w), np.float32) if acc is None else acc
         for (y, x), t in zip(part, out):
             r0, c0 = y - margin, x - margin  # image coordinates of the tile's corner
             ty0, ty1, tx0, tx1 = max(0, -r0), min(tile, h - r0), max(0, -c0), min(tile, w - c0)
@@ -112,15 +116,18 @@ def detect(session: ort.InferenceSession, image: np.ndarray) -> tuple[np.ndarray
     else:
         image = image[None]
     h, w = image.shape[-2:]
-    maps = []
-    for s in scales:
+    members = json.loads(meta.get("indeed.member_scales", "null")) or [scales]  # each member's scales
+    maps = [[] for _ in members]
+    for s in sorted({s for own in members for s in own}, reverse=True):
         size = (max(8, round(h * s)), max(8, round(w * s)))
-        channels = [c[0] if s == 1 else np.clip(resize(c[0], size), 0, 1) for c in image]
-        out = np.concatenate([tiled(session, c[None], tile, overlap) for c in channels])
-        # a support posterior (output P) is the map itself; S is read out as |S| smoothed
-        a = out.mean(0) if support else gaussian_blur(np.abs(out).mean(0), 2.0)
-        maps.append(a if s == 1 else resize(a, (h, w)))
-    amap = np.mean(maps, axis=0)
+        planes = [c[0] if s == 1 else np.clip(resize(c[0], size), 0, 1) for c in image]
+        out = np.stack([tiled(session, c[None], tile, overlap) for c in planes])  # (planes, channels, h, w)
+        # a support posterior (output P, one channel per member) is the map itself; S is read out as |S| smoothed
+        per_member = out.mean(0) if support else gaussian_blur(np.abs(out).mean((0, 1)), 2.0)[None]
+        for k, own in enumerate(members):
+            if s in own:
+                maps[k].append(per_member[k] if s == 1 else resize(per_member[k], (h, w)))
+    amap = np.mean([np.mean(m, axis=0) for m in maps], axis=0)
     flat = np.sort(amap.ravel().astype(np.float64))
     score = float(flat[-max(1, round(0.05 * flat.size)) :].mean())
     return amap, score, threshold is not None and score > threshold

@@ -32,6 +32,7 @@ from .model import (
     load_checkpoint,
     resolve_weights,
     save_checkpoint,
+    with_members,
 )
 from .pipelines import (
     Outcome,
@@ -87,5 +88,6 @@ __all__ = [
     "sparse_mean",
     "support_probability",
     "train",
+    "with_members",
     "write_image",
 ]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Rewrite a checkpoint with its largest convolutions stored in int8 (one float16 scale per output
 channel; indeed_cli.model.checkpoint.quantize_int8), the rest in float16. Config, training facts and
-deployment facts (OOD statistics, thresholds) are kept; every indeed since format version 2 reads it.
+deployment facts (OOD statistics, thresholds) and a detector's members (stored so too) are kept; every
+indeed since format version 2 reads it (3 where the detector has members).
 
     python tools/store_int8.py IN.safetensors OUT.safetensors [--min-weights 524288]
 """
@@ -25,7 +26,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     ck = load_checkpoint(a.src)
-    save_checkpoint(a.out, ck.model, ck.training, ck.extra, int8_min_weights=a.min_weights)
+    save_checkpoint(a.out, ck.model, ck.training, ck.extra, int8_min_weights=a.min_weights, members=ck.members)
     print(f"{a.out}: {a.src.stat().st_size / 1e6:.2f} MB -> {a.out.stat().st_size / 1e6:.2f} MB")
 
 

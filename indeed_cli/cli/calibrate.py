@@ -63,6 +63,16 @@ def calibrate_cmd(
             "(2, 4 or 8; stored, and `indeed detect` then reads out so; N times the time).",
         ),
     ] = None,
+    member: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--member",
+            metavar="CHECKPOINT",
+            help="detect: add another trained detector as a member; the map becomes the mean of the "
+            "members' maps, each at its own read-out scales (repeat for more; one read-out each). "
+            "A bundled name, path or hf:// reference.",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,
@@ -90,6 +100,7 @@ def calibrate_cmd(
             scales=read_scales,
             quantile=quantile,
             ensemble=ensemble,
+            members=member,
         )
     except ValueError as e:
         raise CLIError(str(e)) from None

@@ -33,7 +33,7 @@ def models_cmd(
         val = t.get("validation", {}).get("psnr_s25")
         table.add_row(
             r["name"],
-            str(r.get("task", r.get("error", "?"))),
+            _task(r),
             str(r.get("channels", "")),
             _default(r.get("default_for", [])),
             str(t.get("total_steps", t.get("steps", ""))),
@@ -43,6 +43,12 @@ def models_cmd(
         )
     Console().print(table)
     typer.echo("Paths and training facts: indeed models --json", err=True)
+
+
+def _task(row: dict) -> str:
+    """The task, with the number of members of a detector that has several (indeed calibrate --member)."""
+    task = str(row.get("task", row.get("error", "?")))
+    return f"{task} ({row['members']} members)" if row.get("members", 1) > 1 else task
 
 
 def _default(jobs: list[str]) -> str:

@@ -8,7 +8,9 @@ A model checkpoint is one ``.safetensors`` file whose metadata holds:
   extra           JSON of deployment facts (e.g. OOD statistics, thresholds)
 Weights are stored in float16 to keep shipped files small and loaded as float32. A file may hold
 its largest convolutions in int8 with one float16 scale per output channel (``int8_min_weights``;
-format_version "2", docs/checkpoints.md): the gray denoiser's U-Net bottleneck is stored so.
+format_version "2", docs/checkpoints.md): the gray denoiser's U-Net bottleneck is stored so. A
+detector may hold further members, whole networks of their own whose support maps are averaged
+with the first's (format_version "3"; metadata ``members``, tensors ``member<k>.<name>``).
 
 Where a ``--weights`` value points (bundled names, paths, the Hub): :mod:`.registry`.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -30,7 +32,11 @@ from .network import InDeed
 
 # the version of files that hold int8 tensors; readers of FORMAT_VERSION alone refuse them clearly
 INT8_FORMAT_VERSION = 2
-READABLE_VERSIONS = (str(FORMAT_VERSION), str(INT8_FORMAT_VERSION))
+# the version of files that hold several member networks (a detector's members, below): readers of
+# versions 1 and 2 would load the first network alone and refuse the unknown tensors unclearly
+MEMBERS_FORMAT_VERSION = 3
+READABLE_VERSIONS = (str(FORMAT_VERSION), str(INT8_FORMAT_VERSION), str(MEMBERS_FORMAT_VERSION))
+MEMBER_PREFIX = "member"
 INT8_SCALE_SUFFIX = ".int8_scale"
 # convolutions of at least this many weights may be stored in int8: in the gray denoiser these are
 # the 8 bottleneck convolutions (256 x 256 x 3 x 3), 9.4 of its 16.2 MB in float16; int8 there moved
@@ -56,6 +62,10 @@ class Checkpoint:
     # networks derived for inference (a bf16 copy, compiled wrappers), keyed and filled by
     # indeed_cli.inference.runtime; never saved
     runtime: dict = field(default_factory=dict, repr=False, compare=False)
+    # a detector's further members: whole detectors of their own (their training facts, and their
+    # read-out scales in extra["detect"]["scales"]), whose maps indeed_cli.tasks.detection averages
+    # with this one's; the threshold in this checkpoint's extra belongs to that mean
+    members: list[Checkpoint] = field(default_factory=list)
 
 
 def save_checkpoint(
@@ -65,12 +75,42 @@ def save_checkpoint(
     extra: dict | None = None,
     dtype: torch.dtype = torch.float16,
     int8_min_weights: int | None = None,
+    members: list[Checkpoint] | tuple[Checkpoint, ...] = (),
 ) -> Path:
     """Write model weights and metadata atomically (temp file + rename).
 
     ``int8_min_weights``: convolution kernels with at least this many weights are stored as int8
-    (:func:`quantize_int8`); None stores every tensor in ``dtype``."""
+    (:func:`quantize_int8`); None stores every tensor in ``dtype``.  ``members``: a detector's further
+    members (:attr:`Checkpoint.members`), stored with their config, training facts and extra; their
+    own members are not kept (:func:`with_members` flattens them)."""
     path = Path(path)
+    if members and model.cfg.task != "detect":
+        raise ValueError(f"only detectors have members; this is a {model.cfg.task} model")
+    tensors = _tensors(model, dtype, int8_min_weights)
+    for k, member in enumerate(members, 1):
+        own = _tensors(member.model, dtype, int8_min_weights)
+        tensors.update({f"{MEMBER_PREFIX}{k}.{n}": v for n, v in own.items()})
+    int8 = any(v.dtype == torch.int8 for v in tensors.values())
+    version = MEMBERS_FORMAT_VERSION if members else INT8_FORMAT_VERSION if int8 else FORMAT_VERSION
+    meta = {
+        "format": "indeed",
+        "format_version": str(version),
+        "config": model.cfg.to_json(),
+        "training": json.dumps(training or {}, sort_keys=True),
+        "extra": json.dumps(extra or {}, sort_keys=True),
+    }
+    if int8:
+        meta["int8_min_weights"] = str(int8_min_weights)
+    if members:
+        described = [
+            {"config": json.loads(m.config.to_json()), "training": m.training, "extra": m.extra} for m in members
+        ]
+        meta["members"] = json.dumps(described, sort_keys=True)
+    return _write_atomically(path, tensors, meta)
+
+
+def _tensors(model: InDeed, dtype: torch.dtype, int8_min_weights: int | None) -> dict[str, torch.Tensor]:
+    """A network's state as stored: ``dtype``, or int8 with scales for the largest convolutions."""
     tensors = {}
     for k, v in model.state_dict().items():
         v = v.detach().to("cpu")
@@ -78,17 +118,41 @@ def save_checkpoint(
             tensors[k], tensors[k + INT8_SCALE_SUFFIX] = quantize_int8(v)
         else:
             tensors[k] = v.to(dtype).contiguous()
-    int8 = any(v.dtype == torch.int8 for v in tensors.values())
-    meta = {
-        "format": "indeed",
-        "format_version": str(INT8_FORMAT_VERSION if int8 else FORMAT_VERSION),
-        "config": model.cfg.to_json(),
-        "training": json.dumps(training or {}, sort_keys=True),
-        "extra": json.dumps(extra or {}, sort_keys=True),
-    }
-    if int8:
-        meta["int8_min_weights"] = str(int8_min_weights)
-    return _write_atomically(path, tensors, meta)
+    return tensors
+
+
+def with_members(ckpt: Checkpoint, others: list[Checkpoint] | tuple[Checkpoint, ...]) -> Checkpoint:
+    """``ckpt`` with ``others`` (and their own members) appended to its members: a detector whose map
+    is the mean of all their maps (docs/model.md, Eq. (member mean)).  Every member must be a
+    detector of the same channels whose map is of the same kind (all q(z = 1), or all |mu_S|), so
+    that the mean is of one quantity.  The result has no threshold: its read-out is new, so of
+    ``extra["detect"]`` only the read-out scales stay (indeed calibrate learns the threshold)."""
+    flat = [m for o in others for m in (o, *o.members)]
+    for m in flat:
+        if m.config.task != "detect" or ckpt.config.task != "detect":
+            raise CheckpointError(f"only detectors have members; {m.source or 'a member'} is a {m.config.task} model")
+        if m.config.channels != ckpt.config.channels:
+            raise CheckpointError(
+                f"member {m.source or ''} reads {m.config.channels} channel(s), the detector {ckpt.config.channels}"
+            )
+        if bool(m.config.support_width) != bool(ckpt.config.support_width):
+            kind = lambda c: "q(z = 1)" if c.config.support_width else "|mu_S|"  # noqa: E731
+            raise CheckpointError(
+                f"member {m.source or ''} maps {kind(m)}, the detector {kind(ckpt)}: "
+                "their mean would mix two quantities"
+            )
+    members = [*ckpt.members, *(_as_member(m) for m in flat)]
+    extra = {**{k: v for k, v in ckpt.extra.items() if k != "detect"}, **_as_member(ckpt).extra}
+    return replace(ckpt, extra=extra, members=members, runtime={})
+
+
+def _as_member(m: Checkpoint) -> Checkpoint:
+    """A member keeps its network, training facts and read-out scales (what it maps with), not the
+    threshold learned for it alone, nor members of its own (those are flattened by with_members)."""
+    detect = m.extra.get("detect") or {}
+    scales = detect.get("scales") or m.training.get("scales")
+    extra = {"detect": {"scales": [float(s) for s in scales]}} if scales else {}
+    return replace(m, extra=extra, members=[], runtime={})
 
 
 def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Path:
@@ -160,6 +224,7 @@ def read_metadata(path: str | Path) -> dict:
             "training": json.loads(meta.get("training", "{}")),
             "extra": json.loads(meta.get("extra", "{}")),
             "int8_min_weights": int(meta["int8_min_weights"]) if "int8_min_weights" in meta else None,
+            "members": json.loads(meta.get("members", "[]")),
         }
     except (KeyError, ValueError) as e:  # json.JSONDecodeError is a ValueError
         raise CheckpointError(f"checkpoint metadata is damaged ({e}): {path}") from None
@@ -167,38 +232,59 @@ def read_metadata(path: str | Path) -> dict:
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Checkpoint:
     """Rebuild the model from the metadata config and load its weights (float32, eval mode; int8
-    tensors are dequantised)."""
+    tensors are dequantised), and so each member of a detector that has them."""
     meta = read_metadata(path)
-    try:
-        cfg = ModelConfig.from_dict(meta["config"])
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint config is invalid ({e}): {path}") from None
     try:
         state = _dequantized(load_file(str(path)))
     except (SafetensorsError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint tensors are unreadable: {path} ({str(e).splitlines()[0][:120]})") from None
+    members = []
+    for k, described in enumerate(meta["members"], 1):
+        prefix = f"{MEMBER_PREFIX}{k}."
+        own = {n[len(prefix) :]: state.pop(n) for n in [n for n in state if n.startswith(prefix)]}
+        if not isinstance(described, dict) or "config" not in described:
+            raise CheckpointError(f"checkpoint metadata is damaged (member {k} has no config): {path}")
+        model = _network(described["config"], own, path, f"member {k} ")
+        facts, extra = described.get("training", {}), described.get("extra", {})
+        members.append(Checkpoint(model, model.cfg, facts, extra, f"{path}#member{k}"))
+    model = _network(meta["config"], state, path)
+    for m in (model, *(m.model for m in members)):
+        m.to(device).eval()
+        # channels-last weights: cuDNN's fast layout, and oneDNN's on a CPU (a 512x512 colour image took
+        # 2.32 s in NCHW, 1.80-1.85 s so on a 2-core AVX2 CPU; outputs differ by < 1e-6; docs/results.md)
+        m.to(memory_format=torch.channels_last)
+    return Checkpoint(
+        model, model.cfg, meta["training"], meta["extra"], str(path), int8_min_weights=meta["int8_min_weights"],
+        members=members,
+    )  # fmt: skip
+
+
+def _network(config: dict, state: dict[str, torch.Tensor], path, what: str = "") -> InDeed:
+    """The network of ``config`` with the float32 weights of ``state``; CheckpointError naming
+    ``what`` (a member) and ``path`` if the config is invalid or the tensors do not fit it."""
+    try:
+        cfg = ModelConfig.from_dict(config)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {what}config is invalid ({e}): {path}") from None
     model = InDeed(cfg)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"checkpoint does not match its config: {len(missing)} missing, "
+            f"checkpoint {what}does not match its config: {len(missing)} missing, "
             f"{len(unexpected)} unexpected tensors (e.g. {(missing + unexpected)[0]}): {path}"
         )
     for k, v in state.items():
         if v.shape != expected[k].shape:
             raise CheckpointError(
-                f"checkpoint tensor {k} has shape {tuple(v.shape)}, config needs {tuple(expected[k].shape)}: {path}"
+                f"checkpoint {what}tensor {k} has shape {tuple(v.shape)}, "
+                f"config needs {tuple(expected[k].shape)}: {path}"
             )
         if not torch.isfinite(v).all():
-            raise CheckpointError(f"checkpoint tensor {k} holds NaN or Inf: {path}")
+            raise CheckpointError(f"checkpoint {what}tensor {k} holds NaN or Inf: {path}")
     model.load_state_dict({k: v.float() for k, v in state.items()})
-    model.to(device).eval()
-    # channels-last weights: cuDNN's fast layout, and oneDNN's on a CPU (a 512x512 colour image took
-    # 2.32 s in NCHW, 1.80-1.85 s so on a 2-core AVX2 CPU; outputs differ by < 1e-6; docs/results.md)
-    model.to(memory_format=torch.channels_last)
-    return Checkpoint(model, cfg, meta["training"], meta["extra"], str(path), int8_min_weights=meta["int8_min_weights"])
+    return model
 
 
 FEATURES_FORMAT = "indeed-features"

@@ -209,6 +209,7 @@ def _describe(path: Path, origin: str, name: str) -> dict:
             # the deployment thresholds, not the OOD training points (tens of kB)
             ood_threshold=(extra.get("ood") or {}).get("threshold"),
             detect_threshold=(extra.get("detect") or {}).get("threshold"),
+            members=1 + len(meta["members"]),
         )
     except CheckpointError as e:
         row["error"] = str(e)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..inference import resolve_device
-from ..model import load_checkpoint, save_checkpoint
+from ..model import load_checkpoint, resolve_weights, save_checkpoint, with_members
 from ..tasks.detection import QUANTILE, calibrate
 from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
@@ -30,6 +30,7 @@ def calibrate_checkpoint(
     scales: tuple[float, ...] | None = None,
     quantile: float | None = None,
     ensemble: int | str | None = None,
+    members: list[str | Path] | None = None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
@@ -39,9 +40,17 @@ def calibrate_checkpoint(
     read-out scales to learn the threshold for, stored with it (default: the checkpoint's own);
     ``quantile`` (detect): the share of the normal images' scores at or below the threshold
     (default: tasks.detection.QUANTILE, 0.99); ``ensemble`` (detect): the flips and rotations of
-    each image whose maps are averaged, stored with the threshold (default 1).
+    each image whose maps are averaged, stored with the threshold (default 1); ``members`` (detect):
+    further detectors (names, paths or hf:// references) added to ``src``'s members, the map then
+    being the mean of all members' maps, each at its own read-out scales (docs/guide/detect.md).
     """
-    ck = load_checkpoint(src, resolve_device(device))
+    dev = resolve_device(device)
+    ck = load_checkpoint(src, dev)
+    if members:
+        if ck.config.task != "detect":
+            raise ValueError("--member is for detectors: a denoiser has no map to average")
+        others = [load_checkpoint(resolve_weights(str(m), ck.config.channels, "detect"), dev) for m in members]
+        ck = with_members(ck, others)
     if ck.config.task == "detect":
         quantile = QUANTILE if quantile is None else quantile
         ensemble = 1 if ensemble is None else ensemble_setting(ensemble)
@@ -57,5 +66,6 @@ def calibrate_checkpoint(
         images = load_images(paths, ck.config.channels)
         key, facts = "ood", calibrate_ood(ck, images, samples, seed, max_seconds, progress)
     facts = {**facts, **(note or {})}
-    save_checkpoint(output, ck.model, ck.training, {**ck.extra, key: facts}, int8_min_weights=ck.int8_min_weights)
+    extra = {**ck.extra, key: facts}
+    save_checkpoint(output, ck.model, ck.training, extra, int8_min_weights=ck.int8_min_weights, members=ck.members)
     return ck.config.task, key, facts

@@ -5,7 +5,7 @@ posterior mean of L + S (a denoiser), of S (a detector), or q(z = 1) (a detector
 posterior, f_thetaM) out, with a dynamic batch size.  Tiling,
 blending and the detector's read-out stay outside it; examples/onnx_detect.py does them with numpy
 the way `indeed detect` does, and the metadata carries what they need (tile, overlap, threshold,
-read-out scales, score).
+read-out scales, score; for a detector of several members, each member's scales).
 """
 
 from __future__ import annotations
@@ -31,16 +31,19 @@ PARITY_TOLERANCE = 1e-4  # float32: the exported graph must give the network's n
 
 
 class TileNetwork(nn.Module):
-    """The part of inference that runs on a tile: posterior means, no sampling."""
+    """The part of inference that runs on a tile: posterior means, no sampling.  A detector of
+    several members (support posteriors) outputs one q(z = 1) channel per member, in order."""
 
     def __init__(self, ckpt: Checkpoint):
         super().__init__()
         self.model, self.output = ckpt.model, output_kind(ckpt)
+        self.members = nn.ModuleList(m.model for m in ckpt.members)
 
     def forward(self, Y: torch.Tensor) -> torch.Tensor:
         d = self.model(Y, sample=False)
         if self.output == "support":
-            return torch.sigmoid(d.support_logit)
+            logits = [d.support_logit, *(m(Y, sample=False).support_logit for m in self.members)]
+            return torch.sigmoid(torch.cat(logits, 1))
         return d.mu_S if self.output == "detect" else d.L_hat + d.mu_S
 
 
@@ -76,6 +79,10 @@ def export_onnx(
         None if weights is None else str(weights), channels, task), "cpu")  # fmt: skip
     if ck.config.task not in OUTPUTS:
         raise UsageError(f"cannot export a {ck.config.task!r} checkpoint")
+    if ck.members and not has_support(ck):  # members of support posteriors share one output, one channel each
+        raise UsageError(
+            f"cannot export a detector of {1 + len(ck.members)} members that map |mu_S|; export each member's own file"
+        )
     if ck.config.lowrank_b != "network":  # its iterated Cholesky solves have no ONNX counterpart
         raise UsageError(f"cannot export a checkpoint with lowrank_b={ck.config.lowrank_b!r}; only f_thetaB's q(B)")
     try:
@@ -152,4 +159,8 @@ def metadata(ck: Checkpoint, tile: int, output: str) -> dict[str, str]:
             "indeed.score": kind,
             "indeed.score_definition": SCORE_DEFINITIONS[kind],
         })  # fmt: skip
+        if ck.members:  # the map: the mean over members of each member's mean over its own scales
+            meta["indeed.member_scales"] = json.dumps([list(readout_scales(m)) for m in (ck, *ck.members)])
+            meta["indeed.output"] += f"; one channel per member ({1 + len(ck.members)}), in indeed.member_scales' order"
+            meta["indeed.map"] += " of each member, mean over the members"
     return meta

@@ -296,3 +296,43 @@ def test_new_detector_reads_the_bundled_imagenet_features_by_default(tmp_path, r
         tmp_path / "x",
     )
     assert code == 2 and "f_thetaM" in err and not (tmp_path / "x").exists()
+
+
+def test_calibrate_member_makes_a_detector_of_two_members(tmp_path, run_cli, rng, ckpt_paths):
+    """`indeed calibrate --member D2`: the file holds both networks, its threshold is learned on the
+    mean of their maps, `indeed detect` maps that mean; a member that is not a detector of the same
+    channels is one line, exit 3, nothing written."""
+    from conftest import tiny_model
+
+    from indeed_cli.inference import InferenceOptions
+    from indeed_cli.io import read_image
+    from indeed_cli.model import load_checkpoint, read_metadata, save_checkpoint
+    from indeed_cli.tasks.detection import scale_maps
+
+    nets = {s: tiny_model(1, seed=s, task="detect", support_width=8) for s in (1, 2)}
+    scales = {1: [1.0, 0.5], 2: [0.5]}
+    dets = [save_checkpoint(tmp_path / f"d{s}.safetensors", nets[s], {"scales": scales[s]}) for s in (1, 2)]
+    normal = tmp_path / "normal"
+    normal.mkdir()
+    for i in range(3):
+        write_png(normal / f"{i}.png", rng.integers(90, 160, (40, 48), dtype=np.uint8))
+    pair = tmp_path / "pair.safetensors"
+    code, out, err = run_cli("calibrate", "-w", dets[0], "--member", dets[1], "--data", normal, "-o", pair, "--json")
+    assert code == 0, err
+    meta = read_metadata(pair)
+    assert len(meta["members"]) == 1 and meta["extra"]["detect"]["map"].endswith("2 members")
+    assert meta["members"][0]["extra"] == {"detect": {"scales": [0.5]}}
+    img = write_png(tmp_path / "t.png", rng.integers(0, 256, (37, 50), dtype=np.uint8))
+    code, out, err = run_cli("detect", img, "--maps", tmp_path / "maps", "-w", pair, "--json")
+    assert code == 0, err
+    got = np.load(tmp_path / "maps" / "t.npz")["anomaly_map"]
+    want = np.mean([scale_maps(load_checkpoint(d), read_image(img), InferenceOptions()).mean(0) for d in dets], 0)
+    assert np.allclose(got, want, atol=1e-5)
+    # calibrating the pair again keeps its members
+    again = tmp_path / "again.safetensors"
+    code, _, err = run_cli("calibrate", "-w", pair, "--data", normal, "-o", again, "--quantile", "0.5")
+    assert code == 0 and len(read_metadata(again)["members"]) == 1, err
+    for bad_member in (ckpt_paths[1], ckpt_paths[3]):  # a gray and a colour denoiser
+        bad = tmp_path / "bad.safetensors"
+        code, _, err = run_cli("calibrate", "-w", dets[0], "--member", bad_member, "--data", normal, "-o", bad)
+        assert code == 3 and len(err.strip().splitlines()) == 1 and not bad.exists(), err

@@ -74,3 +74,30 @@ def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp
     assert meta["indeed.ensemble"] == "1"  # one read-out per image, as the example does
     np.testing.assert_allclose(amap, want.anomaly_map, atol=1e-5)
     assert score == pytest.approx(want.score, rel=1e-4) and anomalous == (want.score > 0.02)
+
+
+def test_numpy_readout_of_an_exported_pair_equals_indeed_detect(run_cli, tmp_path, rng):
+    """A detector of two members exports one graph with one q(z = 1) channel per member; the example
+    reads each member at its own scales and averages, as `indeed detect --tiled` does."""
+    from indeed_cli.model import Checkpoint, with_members
+
+    nets = [tiny_model(1, seed=s, task="detect", support_width=8) for s in (1, 2)]
+    a = Checkpoint(nets[0], nets[0].cfg, {}, {"detect": {"scales": [1.0, 0.5]}}, "a")
+    b = Checkpoint(nets[1], nets[1].cfg, {}, {"detect": {"scales": [0.5, 0.25]}}, "b")
+    pair = with_members(a, [b])
+    facts = {**pair.extra["detect"], "threshold": 0.3, "score_kind": "top5"}
+    w = save_checkpoint(tmp_path / "pair.safetensors", pair.model, {}, {"detect": facts}, members=pair.members)
+    code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "pair.onnx")
+    assert code == 0, err
+    s = session(tmp_path / "pair.onnx")
+    assert s.run(None, {"Y": rng.random((2, 1, 128, 128)).astype(np.float32)})[0].shape == (2, 2, 128, 128)
+    meta = s.get_modelmeta().custom_metadata_map
+    assert json.loads(meta["indeed.member_scales"]) == [[1.0, 0.5], [0.5, 0.25]]
+    spec = importlib.util.spec_from_file_location("onnx_detect", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    image = rng.random((1, 150, 170)).astype(np.float32)
+    amap, score, anomalous = example.detect(s, image)
+    want = detect(load_checkpoint(w), image, InferenceOptions(whole_image=False))
+    np.testing.assert_allclose(amap, want.anomaly_map, atol=1e-5)
+    assert score == pytest.approx(want.score, rel=1e-4) and anomalous == (want.score > 0.3)

@@ -402,3 +402,30 @@ def test_detect_ensemble_averages_the_maps_of_flips_and_rotations_turned_back():
     opts = InferenceOptions(tile=16, overlap=4)
     assert detect_tiles(ck, 45, 61, opts, (1.0,)) == n_tiles(45, 61, opts) == n_tiles(61, 45, opts)
     assert detect_tiles(ck, 45, 61, opts, (1.0, 0.5), 4) == 4 * detect_tiles(ck, 45, 61, opts, (1.0, 0.5))
+
+
+def test_detector_with_members_maps_the_mean_of_its_members_maps():
+    """docs/model.md Eq. (member mean): each member at its own scales, ``scales`` replacing the first's;
+    the threshold is learned on the mean and progress counts every member's tiles."""
+    from conftest import tiny_model
+
+    from indeed_cli.inference import InferenceOptions
+    from indeed_cli.model import Checkpoint, with_members
+    from indeed_cli.tasks.detection import calibrate, detect, detect_tiles, scale_maps
+
+    nets = [tiny_model(1, seed=s, task="detect", support_width=8) for s in (1, 2)]
+    a = Checkpoint(nets[0], nets[0].cfg, {"scales": [1.0, 0.5]}, {}, "a")
+    b = Checkpoint(nets[1], nets[1].cfg, {"scales": [0.5]}, {}, "b")
+    pair = with_members(a, [b])
+    img = np.random.default_rng(4).random((1, 45, 61)).astype(np.float32)
+    own = [scale_maps(a, img).mean(0), scale_maps(b, img, scales=(0.5,)).mean(0)]
+    assert not np.allclose(own[0], own[1], atol=1e-3)
+    det = detect(pair, img)
+    assert np.allclose(det.anomaly_map, (own[0] + own[1]) / 2, atol=1e-6)
+    assert det.score == pytest.approx(image_score((own[0] + own[1]) / 2), rel=1e-5)
+    first_at_1 = scale_maps(a, img, scales=(1.0,)).mean(0)
+    assert np.allclose(detect(pair, img, scales=(1.0,)).anomaly_map, (first_at_1 + own[1]) / 2, atol=1e-6)
+    facts = calibrate(pair, [img, img * 0.5])
+    assert facts["map"].endswith("mean over 2 members") and facts["scales"] == [1.0, 0.5]
+    opts = InferenceOptions(tile=16, overlap=4)
+    assert detect_tiles(pair, 45, 61, opts) == detect_tiles(a, 45, 61, opts) + detect_tiles(b, 45, 61, opts)

@@ -20,6 +20,10 @@ a(x) = q(z_x = 1), the posterior probability that pixel x is in the support of S
 read-out scales like the |mu_S| map, and scored like it (``top5``: on the magnetic-tile development
 set it beat DRAEM's ``pool21``, the maximum of the map averaged over 21 x 21 windows, on both
 halves; docs/reports/2026-11-27-support-posterior.md).
+
+A detector with members (``Checkpoint.members``, made by ``indeed calibrate --member``) maps the mean
+of its members' maps, each read out at its own scales (docs/model.md, Eq. (member mean)); the
+threshold and the image score belong to that mean.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ def has_support(ckpt: Checkpoint) -> bool:
 
 
 def map_definition(ckpt: Checkpoint) -> str:
-    return MAP_DEFINITIONS["support" if has_support(ckpt) else "sparse"]
+    own = MAP_DEFINITIONS["support" if has_support(ckpt) else "sparse"]
+    return f"{own}, mean over {1 + len(ckpt.members)} members" if ckpt.members else own
 
 
 def anomaly_map_from_sparse(mu_S: np.ndarray) -> np.ndarray:
@@ -88,8 +93,8 @@ def image_score(amap: np.ndarray, kind: str = DEFAULT_SCORE) -> float:
 def score_kind(ckpt: Checkpoint) -> str:
     """The image score a detector's threshold was learned on: its stored ``score_kind``; a detector
     calibrated before scores had names used ``max_g4``; an uncalibrated one gets the default."""
-    facts = ckpt.extra.get("detect")
-    return facts.get("score_kind", "max_g4") if facts else DEFAULT_SCORE
+    facts = ckpt.extra.get("detect") or {}
+    return facts.get("score_kind", "max_g4") if "threshold" in facts else DEFAULT_SCORE
 
 
 def stored_threshold(ckpt: Checkpoint) -> float | None:
@@ -110,9 +115,10 @@ def readout_ensemble(ckpt: Checkpoint) -> int:
 
 
 def detect_tiles(ckpt: Checkpoint, h: int, w: int, opts: InferenceOptions, scales=None, ensemble: int = 1) -> int:
-    """Tiles a multi-scale read-out of ``ensemble`` transforms of the image runs (for progress bars;
-    a turned image has as many tiles as the image)."""
-    return ensemble * sum(n_tiles(*scaled_size(h, w, s), opts) for s in (scales or readout_scales(ckpt)))
+    """Tiles a multi-scale read-out of ``ensemble`` transforms of the image runs, every member's (for
+    progress bars; a turned image has as many tiles as the image)."""
+    per_member = [scales or readout_scales(ckpt), *(readout_scales(m) for m in ckpt.members)]
+    return ensemble * sum(n_tiles(*scaled_size(h, w, s), opts) for ss in per_member for s in ss)
 
 
 @dataclass
@@ -155,6 +161,13 @@ def detect(
     """Anomaly map (mean over the read-out scales) and image score (the checkpoint's, unless
     ``score`` names another) of one image.
 
+    A detector with members maps the mean of its members' maps, docs/model.md Eq. (member mean):
+
+        a(x) = (1/K) sum_k (1/|S_k|) sum_{s in S_k} a_k,s(x)
+
+    each member k read out at its own scales S_k; ``scales`` replaces the first member's (the
+    detector's own, stored with its threshold).
+
     ``ensemble`` N = 2, 4 or 8: the map is the mean of the maps of the first N flips and rotations of
     the image (the order of ``indeed denoise --ensemble``), each turned back, docs/model.md
     Eq. (self-ensemble); None: as many as the detector's threshold was calibrated with
@@ -163,7 +176,9 @@ def detect(
     data, _ = as_image(image)
     amap = np.zeros(data.shape[1:], np.float32)
     for k in range(n):  # transform 0 is the image itself
-        turned = scale_maps(ckpt, dihedral(data, k), opts, progress, scales).mean(0)
+        image_k = dihedral(data, k)
+        own = [scale_maps(ckpt, image_k, opts, progress, scales).mean(0)]
+        turned = np.mean(own + [scale_maps(m, image_k, opts, progress).mean(0) for m in ckpt.members], 0)
         amap += dihedral(turned[None], k, inverse=True)[0]
     amap /= n
     return Detection(amap.astype(np.float32), image_score(amap, score or score_kind(ckpt)))

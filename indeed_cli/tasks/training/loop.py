@@ -124,6 +124,8 @@ def _train(
         log(f"resumed from {out_dir} at step {step}")
     elif tc.init:  # fine-tune: start from a checkpoint's weights with a fresh optimizer and schedule
         start = load_checkpoint(tc.init, dev)
+        if start.members:
+            log(f"--init {tc.init}: a detector of {1 + len(start.members)} members; fine-tuning its first")
         switched = {f: getattr(model_cfg, f) for f in FINE_TUNE_FIELDS}
         if replace(start.config, **switched) != model_cfg:
             raise ValueError(f"--init checkpoint {tc.init} has another model config than this run")
