@@ -48,7 +48,7 @@ def models_cmd(
 def _task(row: dict) -> str:
     """The task, with the number of members of a detector that has several (indeed calibrate --member)."""
     task = str(row.get("task", row.get("error", "?")))
-    return f"{task} ({row['members']} members)" if row.get("members", 1) > 1 else task
+    return f"{task} ×{row['members']}" if row.get("members", 1) > 1 else task  # "detect ×2": two members
 
 
 def _default(jobs: list[str]) -> str:
