@@ -32,7 +32,6 @@ from .model import (
     load_checkpoint,
     resolve_weights,
     save_checkpoint,
-    with_members,
 )
 from .pipelines import (
     Outcome,
@@ -47,7 +46,7 @@ from .pipelines import (
     train,
 )
 from .tasks.adaptation import AdaptConfig, adapt, adapt_each
-from .tasks.detection import detect
+from .tasks.detection import detect, with_members
 from .tasks.training import LossWeights, TrainConfig
 from .version import __version__  # noqa: F401  (the package's version, not an API name)
 

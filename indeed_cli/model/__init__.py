@@ -4,14 +4,7 @@
 Layer 1 of the package: it imports nothing from the rest of indeed_cli.
 """
 
-from .checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    load_checkpoint,
-    read_metadata,
-    save_checkpoint,
-    with_members,
-)
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_metadata, save_checkpoint
 from .config import ModelConfig, Priors
 from .network import Decomposition, InDeed
 from .registry import list_checkpoints, resolve_weights, weights_dir
@@ -29,5 +22,4 @@ __all__ = [
     "resolve_weights",
     "save_checkpoint",
     "weights_dir",
-    "with_members",
 ]

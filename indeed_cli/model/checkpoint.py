@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -82,7 +82,7 @@ def save_checkpoint(
     ``int8_min_weights``: convolution kernels with at least this many weights are stored as int8
     (:func:`quantize_int8`); None stores every tensor in ``dtype``.  ``members``: a detector's further
     members (:attr:`Checkpoint.members`), stored with their config, training facts and extra; their
-    own members are not kept (:func:`with_members` flattens them)."""
+    own members are not kept (``tasks.detection.with_members`` flattens them)."""
     path = Path(path)
     if members and model.cfg.task != "detect":
         raise ValueError(f"only detectors have members; this is a {model.cfg.task} model")
@@ -119,40 +119,6 @@ def _tensors(model: InDeed, dtype: torch.dtype, int8_min_weights: int | None) ->
         else:
             tensors[k] = v.to(dtype).contiguous()
     return tensors
-
-
-def with_members(ckpt: Checkpoint, others: list[Checkpoint] | tuple[Checkpoint, ...]) -> Checkpoint:
-    """``ckpt`` with ``others`` (and their own members) appended to its members: a detector whose map
-    is the mean of all their maps (docs/model.md, Eq. (member mean)).  Every member must be a
-    detector of the same channels whose map is of the same kind (all q(z = 1), or all |mu_S|), so
-    that the mean is of one quantity.  The result has no threshold: its read-out is new, so of
-    ``extra["detect"]`` only the read-out scales stay (indeed calibrate learns the threshold)."""
-    flat = [m for o in others for m in (o, *o.members)]
-    for m in flat:
-        if m.config.task != "detect" or ckpt.config.task != "detect":
-            raise CheckpointError(f"only detectors have members; {m.source or 'a member'} is a {m.config.task} model")
-        if m.config.channels != ckpt.config.channels:
-            raise CheckpointError(
-                f"member {m.source or ''} reads {m.config.channels} channel(s), the detector {ckpt.config.channels}"
-            )
-        if bool(m.config.support_width) != bool(ckpt.config.support_width):
-            kind = lambda c: "q(z = 1)" if c.config.support_width else "|mu_S|"  # noqa: E731
-            raise CheckpointError(
-                f"member {m.source or ''} maps {kind(m)}, the detector {kind(ckpt)}: "
-                "their mean would mix two quantities"
-            )
-    members = [*ckpt.members, *(_as_member(m) for m in flat)]
-    extra = {**{k: v for k, v in ckpt.extra.items() if k != "detect"}, **_as_member(ckpt).extra}
-    return replace(ckpt, extra=extra, members=members, runtime={})
-
-
-def _as_member(m: Checkpoint) -> Checkpoint:
-    """A member keeps its network, training facts and read-out scales (what it maps with), not the
-    threshold learned for it alone, nor members of its own (those are flattened by with_members)."""
-    detect = m.extra.get("detect") or {}
-    scales = detect.get("scales") or m.training.get("scales")
-    extra = {"detect": {"scales": [float(s) for s in scales]}} if scales else {}
-    return replace(m, extra=extra, members=[], runtime={})
 
 
 def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Path:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..inference import resolve_device
-from ..model import load_checkpoint, resolve_weights, save_checkpoint, with_members
-from ..tasks.detection import QUANTILE, calibrate
+from ..model import load_checkpoint, resolve_weights, save_checkpoint
+from ..tasks.detection import QUANTILE, calibrate, with_members
 from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
 from .inputs import ensemble_setting

@@ -223,7 +223,8 @@ def test_models_lists_bundled(run_cli):
 def test_models_shows_deployment_thresholds(run_cli, tmp_path, monkeypatch):
     from conftest import tiny_model
 
-    from indeed_cli.model import Checkpoint, save_checkpoint, with_members
+    from indeed_cli.model import Checkpoint, save_checkpoint
+    from indeed_cli.tasks.detection import with_members
 
     wdir = tmp_path / "w"
     # a fine-tuned model: the table shows all its steps (total_steps), not its last run's

@@ -79,7 +79,8 @@ def test_numpy_readout_of_an_exported_detector_equals_indeed_detect(run_cli, tmp
 def test_numpy_readout_of_an_exported_pair_equals_indeed_detect(run_cli, tmp_path, rng):
     """A detector of two members exports one graph with one q(z = 1) channel per member; the example
     reads each member at its own scales and averages, as `indeed detect --tiled` does."""
-    from indeed_cli.model import Checkpoint, with_members
+    from indeed_cli.model import Checkpoint
+    from indeed_cli.tasks.detection import with_members
 
     nets = [tiny_model(1, seed=s, task="detect", support_width=8) for s in (1, 2)]
     a = Checkpoint(nets[0], nets[0].cfg, {}, {"detect": {"scales": [1.0, 0.5]}}, "a")

@@ -198,13 +198,13 @@ def test_detector_members_round_trip_with_their_own_scales(tmp_path):
     """A detector's members keep their networks, training facts and read-out scales through a file
     (format 3, tensors member<k>.*), also in int8; a member's threshold is dropped, the first's scales
     stay; what has no map to average, or maps another quantity, is refused."""
-    from indeed_cli.tasks.detection import readout_scales
+    from indeed_cli.tasks.detection import readout_scales, with_members
 
     first = tiny_model(1, seed=1, task="detect", support_width=8)
     second = tiny_model(1, seed=2, task="detect", support_width=8)
     a = C.Checkpoint(first, first.cfg, {"steps": 3}, {"detect": {"threshold": 0.4, "scales": [1.0, 0.5]}}, "a")
     b = C.Checkpoint(second, second.cfg, {"steps": 7}, {"detect": {"threshold": 0.3, "scales": [0.5, 0.25]}}, "b")
-    pair = C.with_members(a, [b])
+    pair = with_members(a, [b])
     assert pair.extra == {"detect": {"scales": [1.0, 0.5]}} and a.members == []  # no threshold, a unchanged
     assert [m.extra for m in pair.members] == [{"detect": {"scales": [0.5, 0.25]}}]
     for int8 in (None, 1000):
@@ -223,17 +223,17 @@ def test_detector_members_round_trip_with_their_own_scales(tmp_path):
         assert not all(torch.allclose(got[k], first.state_dict()[k], atol=tol) for k in want)
     assert file_metadata(p)["format_version"] == "3"
     # a member's own members are flattened into the detector's
-    trio = C.with_members(a, [pair])
+    trio = with_members(a, [pair])
     assert len(trio.members) == 2
     with pytest.raises(C.CheckpointError, match="maps"):
         plain = tiny_model(1, task="detect")  # |mu_S| map beside q(z = 1) maps
-        C.with_members(a, [C.Checkpoint(plain, plain.cfg, {}, {}, "plain")])
+        with_members(a, [C.Checkpoint(plain, plain.cfg, {}, {}, "plain")])
     with pytest.raises(C.CheckpointError, match="channel"):
         colour = tiny_model(3, task="detect", support_width=8)
-        C.with_members(a, [C.Checkpoint(colour, colour.cfg, {}, {}, "colour")])
+        with_members(a, [C.Checkpoint(colour, colour.cfg, {}, {}, "colour")])
     den = tiny_model(1)
     with pytest.raises(C.CheckpointError, match="detectors"):
-        C.with_members(a, [C.Checkpoint(den, den.cfg, {}, {}, "den")])
+        with_members(a, [C.Checkpoint(den, den.cfg, {}, {}, "den")])
     with pytest.raises(ValueError, match="detectors"):
         C.save_checkpoint(tmp_path / "x.safetensors", den, members=pair.members)
 
@@ -248,9 +248,11 @@ def file_metadata(path) -> dict:
 def test_member_tensors_missing_are_refused(tmp_path):
     from safetensors.torch import load_file
 
+    from indeed_cli.tasks.detection import with_members
+
     first = tiny_model(1, seed=1, task="detect", support_width=8)
     a = C.Checkpoint(first, first.cfg, {}, {}, "a")
-    p = C.save_checkpoint(tmp_path / "p.safetensors", first, members=C.with_members(a, [a]).members)
+    p = C.save_checkpoint(tmp_path / "p.safetensors", first, members=with_members(a, [a]).members)
     meta = file_metadata(p)
     state = {k: v for k, v in load_file(str(p)).items() if not k.startswith("member1.support.")}
     save_file(state, str(tmp_path / "cut.safetensors"), metadata=meta)

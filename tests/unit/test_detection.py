@@ -410,8 +410,8 @@ def test_detector_with_members_maps_the_mean_of_its_members_maps():
     from conftest import tiny_model
 
     from indeed_cli.inference import InferenceOptions
-    from indeed_cli.model import Checkpoint, with_members
-    from indeed_cli.tasks.detection import calibrate, detect, detect_tiles, scale_maps
+    from indeed_cli.model import Checkpoint
+    from indeed_cli.tasks.detection import calibrate, detect, detect_tiles, scale_maps, with_members
 
     nets = [tiny_model(1, seed=s, task="detect", support_width=8) for s in (1, 2)]
     a = Checkpoint(nets[0], nets[0].cfg, {"scales": [1.0, 0.5]}, {}, "a")

@@ -18,6 +18,7 @@ from .maps import (
     score_kind,
     stored_threshold,
 )
+from .members import with_members
 from .synthesis import PRESETS, AnomalyConfig, synthesize
 
 __all__ = [
@@ -44,4 +45,5 @@ __all__ = [
     "score_kind",
     "stored_threshold",
     "synthesize",
+    "with_members",
 ]
