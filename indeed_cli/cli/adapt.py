@@ -100,6 +100,15 @@ def adapt_cmd(
             "takes where the per-image choice does not keep the elbo's).",
         ),
     ] = None,
+    recorruption_noise: Annotated[
+        str | None,
+        typer.Option(
+            "--recorruption-noise",
+            metavar="signal|stationary",
+            help="recorrupted objective: the level of the noise it draws follows the image's intensity "
+            "(signal; oag default) or is one level per image (stationary; ag default).",
+        ),
+    ] = None,
     noise_precision: Annotated[
         str,
         typer.Option(
@@ -164,6 +173,7 @@ def adapt_cmd(
         min_change_ratio=min_change_ratio,
         image_noise_bound=image_noise_bound,
         objective=objective,
+        recorruption_noise=recorruption_noise,
         noise_precision=noise_precision,
         precision=run.precision,
         group=group,

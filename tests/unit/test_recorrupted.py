@@ -9,6 +9,7 @@ from indeed_cli.model import Checkpoint
 from indeed_cli.tasks.adaptation import AdaptConfig, adapt_each
 from indeed_cli.tasks.adaptation.recorrupted import (
     correlated_noise,
+    noise_gain,
     noise_spectrum,
     recorrupted_pair,
     spectrum_root,
@@ -67,6 +68,46 @@ def test_recorrupted_copies_have_independent_noises_when_z_matches_the_noise(rng
     # with a z of twice the noise's level they are clearly dependent: the test can fail
     a2, b2 = (t.numpy() for t in recorrupted_pair(n, 2 * z, 0.5))
     assert abs((a2 * b2).mean() / np.sqrt((a2**2).mean() * (b2**2).mean())) > 0.3
+
+
+def test_noise_gain_follows_the_noise_level_of_each_intensity(rng):
+    """Eq. (signal-dependent noise): noise whose level grows with the intensity (0.02 to 0.12, as shot
+    noise does) gives gains that follow that level, relative to its RMS; noise of one level gives ~1."""
+    u = rng.random((3, 200, 300)).astype(np.float32)
+    sd = 0.02 + 0.1 * u
+    g = noise_gain(u, rng.standard_normal(u.shape).astype(np.float32) * sd).numpy()
+    want = sd / np.sqrt((sd**2).mean(axis=(1, 2), keepdims=True))
+    assert g.shape == u.shape and np.allclose((g**2).mean(axis=(1, 2)), 1, atol=1e-4)
+    assert np.median(np.abs(g / want - 1)) < 0.03  # within the bins; the extremes are held constant
+    assert np.corrcoef(g.ravel(), want.ravel())[0, 1] > 0.99
+    flat = noise_gain(u, rng.normal(0, 0.05, u.shape).astype(np.float32)).numpy()
+    assert np.abs(flat - 1).max() < 0.1
+    # a small image is one bin: one level
+    assert torch.allclose(noise_gain(u[:, :4, :4], u[:, :4, :4]), torch.ones(3, 4, 4))
+
+
+@pytest.mark.parametrize("noise", ["signal", "stationary"])
+def test_recorruption_noise_level_follows_the_intensity_of_each_tile(rng, noise):
+    """The evaluation noise of a recorrupted job: with ``recorruption_noise="signal"`` each tile's z has
+    the level of the image's noise at that tile's intensity; "stationary" gives every tile one level."""
+    from indeed_cli.tasks.adaptation.recorrupted import ALPHA
+    from indeed_cli.tasks.adaptation.runner import _recorrupted_job, recorrupted_settings
+
+    levels = {0.1: 0.01, 0.4: 0.03, 0.7: 0.06, 0.9: 0.1}  # band intensity: its noise's sigma
+    clean = np.repeat(np.array(list(levels), np.float32), 32)[None, None, :].repeat(128, 1).repeat(3, 0)
+    sd = np.repeat(np.array(list(levels.values()), np.float32), 32)[None, None, :]
+    n = (rng.standard_normal(clean.shape) * sd).astype(np.float32)
+    cfg = recorrupted_settings(AdaptConfig(objective="recorrupted", recorruption_noise=noise, eval_tiles=16))
+    job, admitted, _ = _recorrupted_job(_ckpt(), [clean + n], [(True, 0.5, n)], cfg, 32)
+    Y = (job["eval"] + ALPHA**2 * job["target"]) / (1 + ALPHA**2)  # the tiles the noise was added to
+    z = (job["eval"] - job["target"]) / (ALPHA + 1 / ALPHA)
+    band = Y.mean(dim=(1, 2, 3)).numpy()
+    want = np.array([levels[min(levels, key=lambda k: abs(k - b))] for b in band])
+    ratio = z.square().mean(dim=(1, 2, 3)).sqrt().numpy() / want
+    if noise == "signal":
+        assert np.all((ratio > 0.75) & (ratio < 1.3)), ratio
+    else:  # one level (the RMS over the image) everywhere: far too strong on the dark band
+        assert ratio[want == 0.01].min() > 3
 
 
 def _ckpt(c=3):
@@ -195,6 +236,21 @@ def test_ag_learning_rate_default_follows_the_objective(monkeypatch):
     assert adapt(None, [], AdaptConfig(objective="recorrupted")).lr == R2R_LR
     assert adapt(None, [], AdaptConfig(objective="elbo")).lr == AG_LR
     assert adapt(None, [], AdaptConfig(objective="recorrupted", lr=1e-4)).lr == 1e-4
+
+
+def test_recorruption_noise_defaults_per_mode_and_is_checked(monkeypatch):
+    """AG draws noise of one level per image, OAG noise whose level follows the intensity, unless told."""
+    from indeed_cli.tasks.adaptation import adapt, runner
+    from indeed_cli.tasks.adaptation.config import OAG_DEFAULTS, with_defaults
+
+    monkeypatch.setattr(runner, "adapt_each", lambda ck, sets, cfg, tile, log: [cfg])
+    assert adapt(None, [], AdaptConfig(objective="recorrupted")).recorruption_noise == "stationary"
+    assert adapt(None, [], AdaptConfig(objective="recorrupted", recorruption_noise="signal")).recorruption_noise == (
+        "signal"
+    )
+    assert with_defaults(AdaptConfig(), OAG_DEFAULTS).recorruption_noise == "signal"
+    with pytest.raises(ValueError, match="recorruption_noise"):
+        AdaptConfig(recorruption_noise="poisson").check()
 
 
 def test_tiles_and_owners_name_the_image_each_tile_was_cut_from(rng):

@@ -100,6 +100,15 @@ R2R_MIN_CORRELATION = 0.3
 # (docs/reports/2026-11-28-recorrupted-adaptation.md, section 11).
 AG_OBJECTIVE = "auto"
 OAG_OBJECTIVE = "auto"
+# The recorrupted objective's noise z (AdaptConfig.recorruption_noise): its level at each pixel
+# follows the image's intensity in InDeedOAG ("signal", Eq. signal-dependent noise), one level per
+# image in InDeedAG ("stationary").  Chosen for OAG on development crops (training crops under
+# synthetic camera noise: +0.05 to +0.53 dB over "stationary" on heavy, medium and light noise, -0.04 /
+# -0.20 on crops without noise); held out, OAG gained up to +0.19 dB with it and lost at most 0.04,
+# while AG lost up to 0.20 dB, so AG keeps the one level
+# (docs/reports/2026-11-29-signal-dependent-recorruption.md).
+OAG_RECORRUPTION_NOISE = "signal"
+AG_RECORRUPTION_NOISE = "stationary"
 # The settings left None in AdaptConfig, per mode: adapt() (InDeedAG) and adapt_each() (InDeedOAG)
 AG_DEFAULTS = {
     "lr": AG_LR,
@@ -111,6 +120,7 @@ AG_DEFAULTS = {
     "min_change_ratio": AG_MIN_CHANGE_RATIO,
     "image_noise_bound": AG_IMAGE_NOISE_BOUND,
     "objective": AG_OBJECTIVE,
+    "recorruption_noise": AG_RECORRUPTION_NOISE,
 }
 # InDeedAG with objective "recorrupted": AG's settings, with the learning rate that objective was chosen
 # with (R2R_LR; AG_LR's smaller steps were measured for the ELBO)
@@ -125,6 +135,7 @@ OAG_DEFAULTS = {
     "min_change_ratio": 0.0,
     "image_noise_bound": 0.0,
     "objective": OAG_OBJECTIVE,
+    "recorruption_noise": OAG_RECORRUPTION_NOISE,
 }
 
 
@@ -159,6 +170,10 @@ class AdaptConfig:
     objective: str | None = None
     decide: str | None = None  # "change", "ood" or "always"; None: AG_DECIDE in adapt(), OAG_DECIDE otherwise
     noise_precision: str = "image"  # "image" (one Lambda per image) or "pixel" (the paper's)
+    # the recorrupted objective's noise z: "signal" (its level at each pixel follows the image's
+    # intensity, Eq. signal-dependent noise) or "stationary" (one level per image); None:
+    # AG_RECORRUPTION_NOISE in adapt(), OAG_RECORRUPTION_NOISE otherwise
+    recorruption_noise: str | None = None
     # "bf16": the network runs in bf16, the objective in fp32; "auto" (default_precision, what
     # `indeed adapt` uses): bf16 where the hardware computes it natively (a CPU with AMX: OAG 2.4x
     # faster; H100 groups: 0.065 s against 0.083 s per image, +0.1 dB), fp32 elsewhere (a 2-core AVX2
@@ -171,6 +186,8 @@ class AdaptConfig:
     def check(self) -> None:
         if self.noise_precision not in ("image", "pixel"):
             raise ValueError(f"noise_precision must be image or pixel, got {self.noise_precision!r}")
+        if self.recorruption_noise not in (None, "signal", "stationary"):
+            raise ValueError(f"recorruption_noise must be signal or stationary, got {self.recorruption_noise!r}")
         if self.precision not in ("fp32", "bf16", "auto"):
             raise ValueError(f"precision must be fp32, bf16 or auto, got {self.precision!r}")
         if self.keep not in (None, "best", "latest", "last"):

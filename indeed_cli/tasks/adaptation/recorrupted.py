@@ -30,6 +30,7 @@ SPECTRUM_LAG = 6  # pixels: the noise's autocovariance is kept (tapered) up to t
 # symmetric pair Y +- z) gained on every camera-noise level of the development crops and cost
 # photographs without noise a little more (docs/reports/2026-11-28-recorrupted-adaptation.md, 15)
 ALPHA = 1.0
+GAIN_BINS = 16  # intensity bins of the noise's level per channel (Eq. signal-dependent noise)
 
 
 def noise_spectrum(residual, block: int = SPECTRUM_BLOCK, device: torch.device | str | None = None) -> torch.Tensor:
@@ -84,6 +85,35 @@ def coloured(roots: torch.Tensor, white: torch.Tensor) -> torch.Tensor:
     W = torch.fft.fft2(white.to(roots.device))
     Z = torch.einsum("nxyij,njxy->nixy", roots, W)
     return torch.fft.ifft2(Z).real.float()
+
+
+def noise_gain(level_of, residual, bins: int = GAIN_BINS, device: torch.device | str | None = None) -> torch.Tensor:
+    """Eq. (signal-dependent noise): the noise's standard deviation at each pixel relative to its
+    RMS over the image, per channel, as a function of the intensity ``level_of`` (C, h, w; array
+    or tensor: the pixel-shuffled read-out X_ps2).  The pixels of a channel are sorted by intensity
+    into ``bins`` bins of equal count (fewer for images under 64 pixels a bin); the noise's level
+    in a bin is a robust scale of ``residual`` there (the median of |R| over 0.6745: detail in R
+    moves it less than the RMS), placed at the bin's median intensity and interpolated linearly
+    between bins (constant beyond the first and the last).  (C, h, w) float32 on ``device``, mean
+    square 1 per channel."""
+    x = torch.as_tensor(level_of).to(device=device, dtype=torch.float32)
+    r = torch.as_tensor(residual).to(device=x.device, dtype=torch.float32).abs()
+    C, h, w = x.shape
+    x, r = x.reshape(C, -1), r.reshape(C, -1)
+    nb = max(1, min(bins, x.shape[1] // 64))
+    values, order = torch.sort(x, dim=1)
+    parts = zip(torch.tensor_split(values, nb, dim=1), torch.tensor_split(r.gather(1, order), nb, dim=1))
+    centre, scale = (torch.stack(t, 1) for t in zip(*[(v.median(1).values, q.median(1).values) for v, q in parts]))
+    scale = scale.clamp(min=1e-6) / 0.6745
+    if nb == 1:
+        sd = scale.expand(C, x.shape[1])
+    else:
+        hi = torch.searchsorted(centre.contiguous(), x.contiguous()).clamp(1, nb - 1)
+        x0, x1 = centre.gather(1, hi - 1), centre.gather(1, hi)
+        t = ((x - x0) / (x1 - x0).clamp(min=1e-12)).clamp(0, 1)
+        s0, s1 = scale.gather(1, hi - 1), scale.gather(1, hi)
+        sd = s0 + t * (s1 - s0)
+    return (sd / sd.square().mean(1, keepdim=True).sqrt()).reshape(C, h, w)
 
 
 def recorrupted_pair(Y: torch.Tensor, z: torch.Tensor, alpha: float = ALPHA) -> tuple[torch.Tensor, torch.Tensor]:

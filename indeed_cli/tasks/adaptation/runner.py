@@ -49,6 +49,7 @@ from .objective import adaptation_objective, lowrank_factors, take
 from .recorrupted import (
     coloured,
     correlated_noise,
+    noise_gain,
     noise_spectrum,
     recorrupted_pair,
     spectrum_root,
@@ -249,19 +250,28 @@ def _recorrupted_job(ckpt: Checkpoint, images: list[np.ndarray], gated: list, cf
         return None, admitted, facts
     gen = torch.Generator().manual_seed(cfg.seed)
     roots = torch.stack([spectrum_root(noise_spectrum(residual, device=device), tile) for _, residual in chosen])
-    pool, owner = tiles_and_owners([im for im, _ in chosen], tile, cfg.max_tiles, gen)
+    if cfg.recorruption_noise == "signal":  # each tile's level map cut with it (one cut of both)
+        C = chosen[0][0].shape[0]
+        stacked = [np.concatenate([im, noise_gain(im - r, r, device=device).cpu().numpy()]) for im, r in chosen]
+        both, owner = tiles_and_owners(stacked, tile, cfg.max_tiles, gen)
+        pool, gains = both[:, :C].contiguous(), both[:, C:].contiguous().to(device)
+    else:
+        pool, owner = tiles_and_owners([im for im, _ in chosen], tile, cfg.max_tiles, gen)
+        gains = None
     order = torch.randperm(len(pool), generator=gen)
     ev = order[: min(len(pool), max(cfg.eval_tiles, min(len(chosen), 128)))].repeat(R2R_EVAL_DRAWS)
     pool = pool.to(device)
     # the noise is drawn on the device (on the host it took longer than a GPU's adaptation steps)
     noise_gen = torch.Generator(device).manual_seed(cfg.seed + 1)
     Ez = correlated_noise(roots[owner[ev].to(device)], noise_gen)
+    if gains is not None:
+        Ez = Ez * gains[ev.to(device)]
     noisier, target = recorrupted_pair(pool[ev.to(device)], Ez)
     # the drawn noise's level (recorded; with the start's loss over its variance: 1 + 1 / alpha^2 = 5
     # plus the plain model's error, not used as a limit: docs/reports/2026-11-28-recorrupted-adaptation.md)
     facts["noise_sigma"] = float(Ez.square().mean().sqrt()) * 255
     job = {"pool": pool, "eval": noisier, "target": target, "gen": gen, "batch": min(cfg.batch, len(pool)),
-           "sigma": None, "roots": roots, "owner": owner, "noise_gen": noise_gen}  # fmt: skip
+           "sigma": None, "roots": roots, "owner": owner, "noise_gen": noise_gen, "gains": gains}  # fmt: skip
     return job, admitted, facts
 
 
@@ -440,6 +450,11 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
     pools = torch.zeros((K * size, *jobs[0]["pool"].shape[1:]), device=device)
     for k, j in enumerate(jobs):
         pools[k * size : k * size + len(j["pool"])] = j["pool"]
+    gain_pools = None
+    if r2r and jobs[0].get("gains") is not None:
+        gain_pools = torch.ones_like(pools)
+        for k, j in enumerate(jobs):
+            gain_pools[k * size : k * size + len(j["pool"])] = j["gains"]
     b = jobs[0]["batch"]
     # recorrupted batches change every step, so their low-rank factors are computed per step
     pool_factors = lowrank_factors(model, pools, cfg) if cached and not r2r else None
@@ -478,6 +493,8 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
         rows = (idx + torch.tensor(alive)[:, None] * size).flatten().to(device)
         Y = pools[rows].view(len(alive), nb, *pools.shape[1:])
         if r2r:
+            if gain_pools is not None:
+                z = z * gain_pools[rows].view(len(alive), nb, *pools.shape[1:])
             Y, T = recorrupted_pair(Y, z)
             F = lowrank_factors(model, Y, cfg) if cached else None
         else:
