@@ -86,6 +86,22 @@ def test_noise_gain_follows_the_noise_level_of_each_intensity(rng):
     assert torch.allclose(noise_gain(u[:, :4, :4], u[:, :4, :4]), torch.ones(3, 4, 4))
 
 
+def test_recorruption_levels_of_many_images_are_each_images_own(rng, monkeypatch):
+    """The level maps are made for all images at once (by size, in chunks): each is its image's own
+    noise_gain, and an image the gate refused has none."""
+    from indeed_cli.tasks.adaptation import runner
+
+    monkeypatch.setattr(runner, "GATE_PIXELS", 2 * 32 * 32)  # two 32 x 32 images per call
+    images = [rng.random((3, 32, 32)).astype(np.float32) for _ in range(4)] + [
+        rng.random((3, 16, 48)).astype(np.float32)
+    ]
+    gated = [(k != 1, 0.5, rng.normal(0, 0.01 * (k + 1), im.shape).astype(np.float32)) for k, im in enumerate(images)]
+    levels = runner.recorruption_levels(images, gated, "cpu")
+    assert levels[1] is None
+    for k in (0, 2, 3, 4):
+        np.testing.assert_array_equal(levels[k], noise_gain(images[k] - gated[k][2], gated[k][2]).numpy())
+
+
 @pytest.mark.parametrize("noise", ["signal", "stationary"])
 def test_recorruption_noise_level_follows_the_intensity_of_each_tile(rng, noise):
     """The evaluation noise of a recorrupted job: with ``recorruption_noise="signal"`` each tile's z has

@@ -89,31 +89,42 @@ def coloured(roots: torch.Tensor, white: torch.Tensor) -> torch.Tensor:
 
 def noise_gain(level_of, residual, bins: int = GAIN_BINS, device: torch.device | str | None = None) -> torch.Tensor:
     """Eq. (signal-dependent noise): the noise's standard deviation at each pixel relative to its
-    RMS over the image, per channel, as a function of the intensity ``level_of`` (C, h, w; array
-    or tensor: the pixel-shuffled read-out X_ps2).  The pixels of a channel are sorted by intensity
-    into ``bins`` bins of equal count (fewer for images under 64 pixels a bin); the noise's level
-    in a bin is a robust scale of ``residual`` there (the median of |R| over 0.6745: detail in R
-    moves it less than the RMS), placed at the bin's median intensity and interpolated linearly
-    between bins (constant beyond the first and the last).  (C, h, w) float32 on ``device``, mean
-    square 1 per channel."""
+    RMS over the image, per channel, as a function of the intensity ``level_of`` (..., h, w; array
+    or tensor: the pixel-shuffled read-out X_ps2 of one image (C, h, w) or of several of one size).
+    The pixels of a channel are sorted by intensity into ``bins`` bins of equal count (fewer for
+    images under 64 pixels a bin); the noise's level in a bin is a robust scale of ``residual``
+    there (the median of |R| over 0.6745: detail in R moves it less than the RMS), placed at the
+    bin's median intensity and interpolated linearly between bins (constant beyond the first and
+    the last).  Medians are the lower ones (torch.median's).  The shape of ``level_of``, float32
+    on ``device``, mean square 1 per channel."""
     x = torch.as_tensor(level_of).to(device=device, dtype=torch.float32)
     r = torch.as_tensor(residual).to(device=x.device, dtype=torch.float32).abs()
-    C, h, w = x.shape
-    x, r = x.reshape(C, -1), r.reshape(C, -1)
-    nb = max(1, min(bins, x.shape[1] // 64))
+    shape = x.shape
+    x, r = x.reshape(-1, shape[-2] * shape[-1]), r.reshape(-1, shape[-2] * shape[-1])
+    n = x.shape[1]
+    nb = max(1, min(bins, n // 64))
     values, order = torch.sort(x, dim=1)
-    parts = zip(torch.tensor_split(values, nb, dim=1), torch.tensor_split(r.gather(1, order), nb, dim=1))
-    centre, scale = (torch.stack(t, 1) for t in zip(*[(v.median(1).values, q.median(1).values) for v, q in parts]))
-    scale = scale.clamp(min=1e-6) / 0.6745
+    # the bins as torch.tensor_split cuts n sorted pixels: the first n % nb hold one more
+    sizes = torch.full((nb,), n // nb, device=x.device)
+    sizes[: n % nb] += 1
+    ends = sizes.cumsum(0)
+    mid = ends - sizes + (sizes - 1) // 2  # the lower median's position in each bin
+    bin_of = torch.searchsorted(ends, torch.arange(n, device=x.device), right=True)
+    # |R| sorted within each bin at once: the bin index plus |R| scaled into [0, 0.5] as one key
+    rs = r.gather(1, order).double()
+    top = rs.amax(1, keepdim=True).clamp(min=1e-30)
+    key = torch.sort(bin_of.double() + 0.5 * rs / top, dim=1).values
+    centre = values[:, mid]
+    scale = ((key[:, mid] - torch.arange(nb, device=x.device)) * 2 * top).float().clamp(min=1e-6) / 0.6745
     if nb == 1:
-        sd = scale.expand(C, x.shape[1])
+        sd = scale.expand(-1, n)
     else:
         hi = torch.searchsorted(centre.contiguous(), x.contiguous()).clamp(1, nb - 1)
         x0, x1 = centre.gather(1, hi - 1), centre.gather(1, hi)
         t = ((x - x0) / (x1 - x0).clamp(min=1e-12)).clamp(0, 1)
         s0, s1 = scale.gather(1, hi - 1), scale.gather(1, hi)
         sd = s0 + t * (s1 - s0)
-    return (sd / sd.square().mean(1, keepdim=True).sqrt()).reshape(C, h, w)
+    return (sd / sd.square().mean(1, keepdim=True).sqrt()).reshape(shape)
 
 
 def recorrupted_pair(Y: torch.Tensor, z: torch.Tensor, alpha: float = ALPHA) -> tuple[torch.Tensor, torch.Tensor]:

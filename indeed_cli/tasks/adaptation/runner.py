@@ -236,12 +236,34 @@ def recorrupted_settings(cfg: AdaptConfig) -> AdaptConfig:
     )  # fmt: skip
 
 
-def _recorrupted_job(ckpt: Checkpoint, images: list[np.ndarray], gated: list, cfg: AdaptConfig, tile: int):
+def recorruption_levels(images: list[np.ndarray], gated: list, device) -> list[np.ndarray | None]:
+    """Per image, Eq. (signal-dependent noise)'s level map (:func:`recorrupted.noise_gain` of the
+    gate's read-out X_ps2 = Y - R and residual R), None where the gate refused the image; the images
+    of one size in one call on ``device`` (one copy back for all of them: per image, the copies cost
+    OAG's groups on a GPU more than the computation)."""
+    levels: list[np.ndarray | None] = [None] * len(images)
+    shapes: dict[tuple, list[int]] = {}
+    for i, (im, (ok, _, _)) in enumerate(zip(images, gated)):
+        if ok:
+            shapes.setdefault(im.shape, []).append(i)
+    for shape, same in shapes.items():
+        per_call = max(1, GATE_PIXELS // (shape[-2] * shape[-1]))  # the gate's bound on pixels held at once
+        for idx in (same[k : k + per_call] for k in range(0, len(same), per_call)):
+            R = np.stack([gated[i][2] for i in idx])
+            for i, g in zip(idx, noise_gain(np.stack([images[i] for i in idx]) - R, R, device=device).cpu().numpy()):
+                levels[i] = g
+    return levels
+
+
+def _recorrupted_job(
+    ckpt: Checkpoint, images: list[np.ndarray], gated: list, cfg: AdaptConfig, tile: int, levels: list | None = None
+):
     """Given the gate's verdicts on ``images`` (:func:`recorruption_gates`), where it admits any,
     their adaptation job for :func:`_adapt_group`: the tiles of the admitted images, the owner of
-    each tile, one noise filter per admitted image (Eq. noise spectrum), and the recorrupted
-    evaluation tiles (R2R_EVAL_DRAWS fixed noise draws per tile).  Returns (job or None, admitted
-    flags, facts)."""
+    each tile, one noise filter per admitted image (Eq. noise spectrum), with
+    ``cfg.recorruption_noise`` "signal" each tile's level map (``levels``, from
+    :func:`recorruption_levels`, computed here when None), and the recorrupted evaluation tiles
+    (R2R_EVAL_DRAWS fixed noise draws per tile).  Returns (job or None, admitted flags, facts)."""
     device = next(ckpt.model.parameters()).device
     facts: dict = {"correlation": [round(c, 4) for _, c, _ in gated]}
     chosen = [(im, r) for im, (ok, _, r) in zip(images, gated) if ok]
@@ -252,7 +274,9 @@ def _recorrupted_job(ckpt: Checkpoint, images: list[np.ndarray], gated: list, cf
     roots = torch.stack([spectrum_root(noise_spectrum(residual, device=device), tile) for _, residual in chosen])
     if cfg.recorruption_noise == "signal":  # each tile's level map cut with it (one cut of both)
         C = chosen[0][0].shape[0]
-        stacked = [np.concatenate([im, noise_gain(im - r, r, device=device).cpu().numpy()]) for im, r in chosen]
+        if levels is None:
+            levels = recorruption_levels(images, gated, device)
+        stacked = [np.concatenate([im, g]) for (im, _), g in zip(chosen, [g for g in levels if g is not None])]
         both, owner = tiles_and_owners(stacked, tile, cfg.max_tiles, gen)
         pool, gains = both[:, :C].contiguous(), both[:, C:].contiguous().to(device)
     else:
@@ -296,8 +320,16 @@ def adapt_recorrupted(
     ``before``: why the ELBO adaptation kept the start, per entry (recorded)."""
     r2r = recorrupted_settings(cfg)
     flat = [im for images in image_sets for im in images]
-    gates = iter(recorruption_gates(ckpt, flat))  # every image's read-outs together
-    prepared = [_recorrupted_job(ckpt, images, [next(gates) for _ in images], r2r, tile) for images in image_sets]
+    gated = recorruption_gates(ckpt, flat)  # every image's read-outs together
+    device = next(ckpt.model.parameters()).device
+    levels = iter(
+        recorruption_levels(flat, gated, device) if r2r.recorruption_noise == "signal" else [None] * len(flat)
+    )
+    gates = iter(gated)
+    prepared = [
+        _recorrupted_job(ckpt, images, [next(gates) for _ in images], r2r, tile, [next(levels) for _ in images])
+        for images in image_sets
+    ]
     jobs = [job for job, _, _ in prepared if job is not None]
     outcomes = iter(_run_jobs(model, names, frozen, jobs, r2r, log))
     results = []
