@@ -103,9 +103,9 @@ OAG_OBJECTIVE = "auto"
 # The recorrupted objective's noise z (AdaptConfig.recorruption_noise): its level at each pixel
 # follows the image's intensity in InDeedOAG ("signal", Eq. signal-dependent noise), one level per
 # image in InDeedAG ("stationary").  Chosen for OAG on development crops (training crops under
-# synthetic camera noise: +0.05 to +0.53 dB over "stationary" on heavy, medium and light noise, -0.04 /
-# -0.20 on crops without noise); held out, OAG gained up to +0.19 dB with it and lost at most 0.04,
-# while AG lost up to 0.20 dB, so AG keeps the one level
+# synthetic camera noise, means of 6 crops: -0.01 to +0.53 dB over "stationary" on heavy, medium and
+# light noise, -0.04 / -0.20 on crops without noise); held out, OAG gained up to +0.19 dB with it and
+# lost at most 0.04, while AG lost up to 0.20 dB, so AG keeps the one level
 # (docs/reports/2026-11-29-signal-dependent-recorruption.md).
 OAG_RECORRUPTION_NOISE = "signal"
 AG_RECORRUPTION_NOISE = "stationary"

@@ -276,7 +276,7 @@ def _recorrupted_job(
         C = chosen[0][0].shape[0]
         if levels is None:
             levels = recorruption_levels(images, gated, device)
-        stacked = [np.concatenate([im, g]) for (im, _), g in zip(chosen, [g for g in levels if g is not None])]
+        stacked = [np.concatenate([im, g]) for im, (ok, _, _), g in zip(images, gated, levels) if ok]
         both, owner = tiles_and_owners(stacked, tile, cfg.max_tiles, gen)
         pool, gains = both[:, :C].contiguous(), both[:, C:].contiguous().to(device)
     else:
