@@ -239,16 +239,17 @@ def recorrupted_settings(cfg: AdaptConfig) -> AdaptConfig:
 def recorruption_levels(images: list[np.ndarray], gated: list, device) -> list[np.ndarray | None]:
     """Per image, Eq. (signal-dependent noise)'s level map (:func:`recorrupted.noise_gain` of the
     gate's read-out X_ps2 = Y - R and residual R), None where the gate refused the image; the images
-    of one size in one call on ``device`` (one copy back for all of them: per image, the copies cost
-    OAG's groups on a GPU more than the computation)."""
+    of one size in one call on ``device`` and one copy back, in runs of at most GATE_PIXELS pixels
+    (:func:`_pixel_chunks`, as the gate's read-outs are made)."""
     levels: list[np.ndarray | None] = [None] * len(images)
     shapes: dict[tuple, list[int]] = {}
     for i, (im, (ok, _, _)) in enumerate(zip(images, gated)):
         if ok:
             shapes.setdefault(im.shape, []).append(i)
-    for shape, same in shapes.items():
-        per_call = max(1, GATE_PIXELS // (shape[-2] * shape[-1]))  # the gate's bound on pixels held at once
-        for idx in (same[k : k + per_call] for k in range(0, len(same), per_call)):
+    for same in shapes.values():
+        order = iter(same)
+        for chunk in _pixel_chunks([images[i] for i in same], GATE_PIXELS):  # the gate's bound on pixels held
+            idx = [next(order) for _ in chunk]
             R = np.stack([gated[i][2] for i in idx])
             for i, g in zip(idx, noise_gain(np.stack([images[i] for i in idx]) - R, R, device=device).cpu().numpy()):
                 levels[i] = g
