@@ -26,7 +26,9 @@ def main() -> None:
     )
     a = ap.parse_args()
     ck = load_checkpoint(a.src)
-    save_checkpoint(a.out, ck.model, ck.training, ck.extra, int8_min_weights=a.min_weights, members=ck.members)
+    save_checkpoint(
+        a.out, ck.model, ck.training, ck.extra, int8_min_weights=a.min_weights, members=ck.members, memory=ck.memory
+    )
     print(f"{a.out}: {a.src.stat().st_size / 1e6:.2f} MB -> {a.out.stat().st_size / 1e6:.2f} MB")
 
 

@@ -73,6 +73,16 @@ def calibrate_cmd(
             "A bundled name, path or hf:// reference.",
         ),
     ] = None,
+    memory: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--memory",
+            metavar="DIR|LIST|none",
+            help="detect: normal images (the training images) to fill a memory of ImageNet features from; "
+            "its distance map is fused with the members' map as one more member. 'none' drops the memory "
+            "a detector has. Default: keep what the detector has.",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,
@@ -88,6 +98,16 @@ def calibrate_cmd(
         raise CLIError("no calibration images")
     src = resolve_weights(weights, channels)
     read_scales = parse_scales(scales) if scales else None
+    memory_images: list[Path] | str | None = None
+    if memory == ["none"]:
+        memory_images = "none"
+    elif memory:
+        try:
+            memory_images = [p for spec in memory for p in list_images(spec)]
+        except FileNotFoundError as e:
+            raise CLIError(str(e)) from None
+        if not memory_images:
+            raise CLIError("--memory: no images")
     try:
         task, key, facts = calibrate_checkpoint(
             src,
@@ -101,6 +121,7 @@ def calibrate_cmd(
             quantile=quantile,
             ensemble=ensemble,
             members=member,
+            memory=memory_images,
         )
     except ValueError as e:
         raise CLIError(str(e)) from None

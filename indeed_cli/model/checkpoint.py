@@ -10,7 +10,10 @@ Weights are stored in float16 to keep shipped files small and loaded as float32.
 its largest convolutions in int8 with one float16 scale per output channel (``int8_min_weights``;
 format_version "2", docs/checkpoints.md): the gray denoiser's U-Net bottleneck is stored so. A
 detector may hold further members, whole networks of their own whose support maps are averaged
-with the first's (format_version "3"; metadata ``members``, tensors ``member<k>.<name>``).
+with the first's (format_version "3"; metadata ``members``, tensors ``member<k>.<name>``), and a
+memory of normal image features (:mod:`.memory`; format_version "4"; metadata ``memory``, tensors
+``memory.bank_t`` (int8, by feature channel, with its scales) and ``memory.trunk.<name>`` unless a
+network of the file holds the same trunk as f_thetaM's features).
 
 Where a ``--weights`` value points (bundled names, paths, the Hub): :mod:`.registry`.
 """
@@ -28,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import FORMAT_VERSION, ModelConfig
+from .memory import FeatureMemory
 from .network import InDeed
 
 # the version of files that hold int8 tensors; readers of FORMAT_VERSION alone refuse them clearly
@@ -35,8 +39,14 @@ INT8_FORMAT_VERSION = 2
 # the version of files that hold several member networks (a detector's members, below): readers of
 # versions 1 and 2 would load the first network alone and refuse the unknown tensors unclearly
 MEMBERS_FORMAT_VERSION = 3
-READABLE_VERSIONS = (str(FORMAT_VERSION), str(INT8_FORMAT_VERSION), str(MEMBERS_FORMAT_VERSION))
+# the version of files that hold a detector's memory of normal features (below): readers of versions
+# 1 to 3 would refuse its tensors as not matching the config, without saying why
+MEMORY_FORMAT_VERSION = 4
+READABLE_VERSIONS = tuple(
+    str(v) for v in (FORMAT_VERSION, INT8_FORMAT_VERSION, MEMBERS_FORMAT_VERSION, MEMORY_FORMAT_VERSION)
+)
 MEMBER_PREFIX = "member"
+MEMORY_PREFIX = "memory."
 INT8_SCALE_SUFFIX = ".int8_scale"
 # convolutions of at least this many weights may be stored in int8: in the gray denoiser these are
 # the 8 bottleneck convolutions (256 x 256 x 3 x 3), 9.4 of its 16.2 MB in float16; int8 there moved
@@ -66,6 +76,9 @@ class Checkpoint:
     # read-out scales in extra["detect"]["scales"]), whose maps indeed_cli.tasks.detection averages
     # with this one's; the threshold in this checkpoint's extra belongs to that mean
     members: list[Checkpoint] = field(default_factory=list)
+    # a detector's memory of normal image features (Eq. normal feature distance), whose distance map
+    # indeed_cli.tasks.detection fuses with the members' mean map; None: no memory
+    memory: FeatureMemory | None = None
 
 
 def save_checkpoint(
@@ -76,22 +89,32 @@ def save_checkpoint(
     dtype: torch.dtype = torch.float16,
     int8_min_weights: int | None = None,
     members: list[Checkpoint] | tuple[Checkpoint, ...] = (),
+    memory: FeatureMemory | None = None,
 ) -> Path:
     """Write model weights and metadata atomically (temp file + rename).
 
     ``int8_min_weights``: convolution kernels with at least this many weights are stored as int8
     (:func:`quantize_int8`); None stores every tensor in ``dtype``.  ``members``: a detector's further
     members (:attr:`Checkpoint.members`), stored with their config, training facts and extra; their
-    own members are not kept (``tasks.detection.with_members`` flattens them)."""
+    own members are not kept (``tasks.detection.with_members`` flattens them).  ``memory``: a
+    detector's memory of normal features (:attr:`Checkpoint.memory`), stored in float16."""
     path = Path(path)
     if members and model.cfg.task != "detect":
         raise ValueError(f"only detectors have members; this is a {model.cfg.task} model")
+    if memory is not None and model.cfg.task != "detect":
+        raise ValueError(f"only detectors have a feature memory; this is a {model.cfg.task} model")
     tensors = _tensors(model, dtype, int8_min_weights)
     for k, member in enumerate(members, 1):
         own = _tensors(member.model, dtype, int8_min_weights)
         tensors.update({f"{MEMBER_PREFIX}{k}.{n}": v for n, v in own.items()})
     int8 = any(v.dtype == torch.int8 for v in tensors.values())
-    version = MEMBERS_FORMAT_VERSION if members else INT8_FORMAT_VERSION if int8 else FORMAT_VERSION
+    if memory is not None:
+        shared = _shared_trunk(memory, [model, *(m.model for m in members)])
+        tensors.update(_memory_tensors(memory, dtype, with_trunk=shared is None))
+    version = (
+        MEMORY_FORMAT_VERSION if memory is not None
+        else MEMBERS_FORMAT_VERSION if members else INT8_FORMAT_VERSION if int8 else FORMAT_VERSION
+    )  # fmt: skip
     meta = {
         "format": "indeed",
         "format_version": str(version),
@@ -106,7 +129,46 @@ def save_checkpoint(
             {"config": json.loads(m.config.to_json()), "training": m.training, "extra": m.extra} for m in members
         ]
         meta["members"] = json.dumps(described, sort_keys=True)
+    if memory is not None:
+        described = {"features": memory.name, "entries": memory.entries}
+        if shared is not None:
+            described["trunk"] = shared
+        meta["memory"] = json.dumps(described, sort_keys=True)
     return _write_atomically(path, tensors, meta)
+
+
+def _shared_trunk(memory: FeatureMemory, networks: list[InDeed]) -> str | None:
+    """Where a network of the file (0: the detector, k: member k) already holds the memory's trunk
+    as f_thetaM's features, with the same weights as stored (float16): that one, which the memory
+    then reads its trunk from instead of a copy of its own; None otherwise."""
+    mine = {k: v.to(torch.float16) for k, v in memory.trunk.state_dict().items()}
+    for k, net in enumerate(networks):
+        feats = getattr(getattr(net, "support", None), "features", None)
+        if feats is None or net.cfg.support_features != memory.name:
+            continue
+        theirs = feats.state_dict()
+        if theirs.keys() == mine.keys() and all(torch.equal(theirs[n].to(torch.float16), v) for n, v in mine.items()):
+            return str(k)
+    return None
+
+
+def stored_bank(bank: torch.Tensor) -> torch.Tensor:
+    """A memory bank as a file stores and gives it back (int8 by feature channel, dequantised), so
+    that statistics learned on it hold for the saved file."""
+    q, scale = quantize_int8(bank.detach().to("cpu").T)
+    return dequantize_int8(q, scale).T.contiguous().to(bank.device)
+
+
+def _memory_tensors(memory: FeatureMemory, dtype: torch.dtype, with_trunk: bool) -> dict[str, torch.Tensor]:
+    """The memory as stored: its bank in int8 with one float16 scale per feature channel (the bank
+    is most of the memory's size; :func:`quantize_int8` on its transpose), its trunk in ``dtype``
+    unless another network of the file holds the same trunk."""
+    q, scale = quantize_int8(memory.bank.detach().to("cpu").T)  # (152, entries), a scale per channel
+    out = {MEMORY_PREFIX + "bank_t": q, MEMORY_PREFIX + "bank_t" + INT8_SCALE_SUFFIX: scale}
+    if with_trunk:
+        out.update({f"{MEMORY_PREFIX}trunk.{n}": v.detach().to("cpu", dtype).contiguous()
+                    for n, v in memory.trunk.state_dict().items()})  # fmt: skip
+    return out
 
 
 def _tensors(model: InDeed, dtype: torch.dtype, int8_min_weights: int | None) -> dict[str, torch.Tensor]:
@@ -191,6 +253,7 @@ def read_metadata(path: str | Path) -> dict:
             "extra": json.loads(meta.get("extra", "{}")),
             "int8_min_weights": int(meta["int8_min_weights"]) if "int8_min_weights" in meta else None,
             "members": json.loads(meta.get("members", "[]")),
+            "memory": json.loads(meta["memory"]) if "memory" in meta else None,
         }
     except (KeyError, ValueError) as e:  # json.JSONDecodeError is a ValueError
         raise CheckpointError(f"checkpoint metadata is damaged ({e}): {path}") from None
@@ -204,6 +267,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
         state = _dequantized(load_file(str(path)))
     except (SafetensorsError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint tensors are unreadable: {path} ({str(e).splitlines()[0][:120]})") from None
+    memory_state = {n[len(MEMORY_PREFIX) :]: state.pop(n) for n in list(state) if n.startswith(MEMORY_PREFIX)}
     members = []
     for k, described in enumerate(meta["members"], 1):
         prefix = f"{MEMBER_PREFIX}{k}."
@@ -214,6 +278,9 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
         facts, extra = described.get("training", {}), described.get("extra", {})
         members.append(Checkpoint(model, model.cfg, facts, extra, f"{path}#member{k}"))
     model = _network(meta["config"], state, path)
+    memory = _memory(meta["memory"], memory_state, [model, *(m.model for m in members)], path)
+    if memory is not None:
+        memory.to(device).eval()
     for m in (model, *(m.model for m in members)):
         m.to(device).eval()
         # channels-last weights: cuDNN's fast layout, and oneDNN's on a CPU (a 512x512 colour image took
@@ -221,8 +288,32 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
         m.to(memory_format=torch.channels_last)
     return Checkpoint(
         model, model.cfg, meta["training"], meta["extra"], str(path), int8_min_weights=meta["int8_min_weights"],
-        members=members,
+        members=members, memory=memory,
     )  # fmt: skip
+
+
+def _memory(
+    described: dict | None, state: dict[str, torch.Tensor], networks: list[InDeed], path
+) -> FeatureMemory | None:
+    """The feature memory that ``described`` (the metadata) and ``state`` (its tensors, the bank
+    stored by channel) give, its trunk from ``networks[described["trunk"]]``'s f_thetaM where the
+    file shares it; None when the file has none; CheckpointError when they do not agree."""
+    if described is None and not state:
+        return None
+    try:
+        memory = FeatureMemory(int(described["entries"]), described["features"])
+        state = {("bank" if k == "bank_t" else k): (v.T if k == "bank_t" else v) for k, v in state.items()}
+        if "trunk" in described:
+            trunk = networks[int(described["trunk"])].support.features.state_dict()
+            state.update({f"trunk.{k}": v for k, v in trunk.items()})
+        memory.load_state_dict({k: v.float().contiguous() for k, v in state.items()})
+    except (TypeError, KeyError, ValueError, RuntimeError) as e:
+        raise CheckpointError(
+            f"checkpoint feature memory is damaged ({str(e).splitlines()[0][:120]}): {path}"
+        ) from None
+    if not torch.isfinite(memory.bank).all():
+        raise CheckpointError(f"checkpoint feature memory holds NaN or Inf: {path}")
+    return memory
 
 
 def _network(config: dict, state: dict[str, torch.Tensor], path, what: str = "") -> InDeed:

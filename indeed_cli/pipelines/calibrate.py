@@ -7,14 +7,27 @@ held-out normal images.  :func:`indeed_cli.pipelines.train` calls it at the end 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..inference import resolve_device
 from ..model import load_checkpoint, resolve_weights, save_checkpoint
-from ..tasks.detection import QUANTILE, calibrate, with_members
+from ..model.checkpoint import read_feature_trunk
+from ..model.registry import resolve_feature_weights
+from ..tasks.detection import QUANTILE, build_memory, calibrate, with_members
 from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
 from .inputs import ensemble_setting
+
+
+def memory_trunk(ck) -> dict:
+    """The trunk weights a detector's memory reads features with: those of the first of its networks
+    whose f_thetaM reads EfficientNet-Lite0 features (the file then stores them once), else the
+    bundled trunk."""
+    for net in (ck.model, *(m.model for m in ck.members)):
+        if net.cfg.support_features == "efficientnet-lite0":
+            return {k: v.detach().cpu() for k, v in net.support.features.state_dict().items()}
+    return read_feature_trunk(resolve_feature_weights(None, "efficientnet-lite0"), "efficientnet-lite0")
 
 
 def calibrate_checkpoint(
@@ -31,6 +44,7 @@ def calibrate_checkpoint(
     quantile: float | None = None,
     ensemble: int | str | None = None,
     members: list[str | Path] | None = None,
+    memory: list[Path] | str | None = None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
@@ -42,7 +56,10 @@ def calibrate_checkpoint(
     (default: tasks.detection.QUANTILE, 0.99); ``ensemble`` (detect): the flips and rotations of
     each image whose maps are averaged, stored with the threshold (default 1); ``members`` (detect):
     further detectors (names, paths or hf:// references) added to ``src``'s members, the map then
-    being the mean of all members' maps, each at its own read-out scales (docs/guide/detect.md).
+    being the mean of all members' maps, each at its own read-out scales (docs/guide/detect.md);
+    ``memory`` (detect): normal images (the training images) to fill the detector's memory of normal
+    features from, whose distance map is then fused with the members' (Eq. memory fusion), or "none"
+    to drop the memory a detector has; None keeps what it has.
     """
     dev = resolve_device(device)
     ck = load_checkpoint(src, dev)
@@ -51,6 +68,13 @@ def calibrate_checkpoint(
             raise ValueError("--member is for detectors: a denoiser has no map to average")
         others = [load_checkpoint(resolve_weights(str(m), ck.config.channels, "detect"), dev) for m in members]
         ck = with_members(ck, others)
+    if memory is not None:
+        if ck.config.task != "detect":
+            raise ValueError("--memory is for detectors: a denoiser has no map to fuse")
+        if memory == "none":
+            ck = replace(ck, memory=None)
+        else:
+            ck = replace(ck, memory=build_memory(memory_trunk(ck), memory, ck.config.channels, device=dev))
     if ck.config.task == "detect":
         quantile = QUANTILE if quantile is None else quantile
         ensemble = 1 if ensemble is None else ensemble_setting(ensemble)
@@ -67,5 +91,8 @@ def calibrate_checkpoint(
         key, facts = "ood", calibrate_ood(ck, images, samples, seed, max_seconds, progress)
     facts = {**facts, **(note or {})}
     extra = {**ck.extra, key: facts}
-    save_checkpoint(output, ck.model, ck.training, extra, int8_min_weights=ck.int8_min_weights, members=ck.members)
+    save_checkpoint(
+        output, ck.model, ck.training, extra, int8_min_weights=ck.int8_min_weights, members=ck.members,
+        memory=ck.memory,
+    )  # fmt: skip
     return ck.config.task, key, facts

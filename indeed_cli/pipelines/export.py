@@ -159,6 +159,13 @@ def metadata(ck: Checkpoint, tile: int, output: str) -> dict[str, str]:
             "indeed.score": kind,
             "indeed.score_definition": SCORE_DEFINITIONS[kind],
         })  # fmt: skip
+        fusion = (ck.extra.get("detect") or {}).get("memory") if ck.memory is not None else None
+        if fusion:  # the graph has no feature memory: its map is the members' alone, with that map's threshold
+            meta["indeed.threshold"] = json.dumps(fusion.get("threshold_without"))
+            meta["indeed.memory"] = (
+                "not in this graph: `indeed detect` fuses a distance to normal ImageNet features with this map "
+                "(docs/model.md, Eq. (memory fusion)); indeed.threshold is the one learned without it"
+            )
         if ck.members:  # the map: the mean over members of each member's mean over its own scales
             meta["indeed.member_scales"] = json.dumps([list(readout_scales(m)) for m in (ck, *ck.members)])
             meta["indeed.output"] += f"; one channel per member ({1 + len(ck.members)}), in indeed.member_scales' order"

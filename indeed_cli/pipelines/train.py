@@ -17,6 +17,7 @@ from ..model.checkpoint import read_feature_trunk
 from ..model.config import fine_tune_config
 from ..model.registry import resolve_feature_weights
 from ..tasks.detection import PRESETS
+from ..tasks.detection.memory import memory_sample
 from ..tasks.training import (
     detect_batch_fn,
     has_state,
@@ -162,8 +163,11 @@ def train(
         seconds = max(CALIBRATION_MIN_SECONDS, 0.1 * tc.time_budget) if tc.time_budget else None
         with tqdm(total=samples, desc="OOD statistics", unit="crop", disable=None if progress else True,
                   leave=False) as bar:  # fmt: skip
+            # a new detector's memory of normal features is filled from its training images (Eq. memory fusion)
+            memory = memory_sample(paths) if task == "detect" else None
             _, key, cal = calibrate_checkpoint(model_path, model_path, val_paths if task == "detect" else paths,
-                                               device, samples, max_seconds=seconds, progress=bar.update)  # fmt: skip
+                                               device, samples, max_seconds=seconds, progress=bar.update,
+                                               memory=memory)  # fmt: skip
         log(f"{key} threshold {cal['threshold']:.4g} stored in {model_path}")
     warning = barely_trained(task, rec)
     if warning:

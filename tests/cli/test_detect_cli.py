@@ -336,3 +336,41 @@ def test_calibrate_member_makes_a_detector_of_two_members(tmp_path, run_cli, rng
         bad = tmp_path / "bad.safetensors"
         code, _, err = run_cli("calibrate", "-w", dets[0], "--member", bad_member, "--data", normal, "-o", bad)
         assert code == 3 and len(err.strip().splitlines()) == 1 and not bad.exists(), err
+
+
+def test_calibrate_memory_fills_keeps_and_drops_the_feature_memory(tmp_path, run_cli, rng, ckpt_paths):
+    """`indeed calibrate --memory NORMAL`: the file holds the memory and the fusion statistics, and
+    `indeed detect` maps the fusion; recalibrating keeps the memory, `--memory none` drops it; a
+    missing folder, an empty list or a denoiser is one line, exit 2, nothing written."""
+    from conftest import tiny_model
+
+    from indeed_cli.io import read_image
+    from indeed_cli.model import load_checkpoint, read_metadata, save_checkpoint
+    from indeed_cli.tasks.detection import detect
+
+    det = save_checkpoint(tmp_path / "d.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]})
+    normal = tmp_path / "normal"
+    normal.mkdir()
+    for i in range(3):
+        write_png(normal / f"{i}.png", rng.integers(90, 160, (40, 48), dtype=np.uint8))
+    out = tmp_path / "mem.safetensors"
+    code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "--memory", normal, "-o", out, "--device", "cpu")
+    assert code == 0, err
+    meta = read_metadata(out)
+    assert meta["memory"]["entries"] > 0 and meta["extra"]["detect"]["memory"]["members"] == 1
+    img = write_png(tmp_path / "t.png", rng.integers(0, 256, (37, 50), dtype=np.uint8))
+    code, _, err = run_cli("detect", img, "--maps", tmp_path / "maps", "-w", out, "--json")
+    assert code == 0, err
+    got = np.load(tmp_path / "maps" / "t.npz")["anomaly_map"]
+    assert np.allclose(got, detect(load_checkpoint(out), read_image(img)).anomaly_map, atol=1e-6)
+    again, dropped = tmp_path / "again.safetensors", tmp_path / "dropped.safetensors"
+    assert run_cli("calibrate", "-w", out, "--data", normal, "-o", again)[0] == 0
+    assert read_metadata(again)["memory"] == meta["memory"] and "memory" in read_metadata(again)["extra"]["detect"]
+    assert run_cli("calibrate", "-w", out, "--data", normal, "--memory", "none", "-o", dropped)[0] == 0
+    assert read_metadata(dropped)["memory"] is None and "memory" not in read_metadata(dropped)["extra"]["detect"]
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    for bad_memory, weights in ((tmp_path / "nowhere", det), (empty, det), (normal, ckpt_paths[1])):
+        bad = tmp_path / "bad.safetensors"
+        code, _, err = run_cli("calibrate", "-w", weights, "--data", normal, "--memory", bad_memory, "-o", bad)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and not bad.exists(), err

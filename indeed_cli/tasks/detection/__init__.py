@@ -19,6 +19,7 @@ from .maps import (
     stored_threshold,
 )
 from .members import with_members
+from .memory import FusionStats, build_memory, distance_map, fuse, stored_fusion
 from .synthesis import PRESETS, AnomalyConfig, synthesize
 
 __all__ = [
@@ -27,13 +28,17 @@ __all__ = [
     "QUANTILE",
     "SCORE_DEFINITIONS",
     "AnomalyConfig",
+    "FusionStats",
     "Detection",
     "anomaly_map_from_sparse",
     "blur",
     "blur_batch",
+    "build_memory",
     "calibrate",
     "detect",
     "detect_tiles",
+    "distance_map",
+    "fuse",
     "gaussian_blur",
     "has_support",
     "image_score",
@@ -43,6 +48,7 @@ __all__ = [
     "scale_maps",
     "scaled_size",
     "score_kind",
+    "stored_fusion",
     "stored_threshold",
     "synthesize",
     "with_members",

@@ -24,6 +24,10 @@ halves; docs/reports/2026-11-27-support-posterior.md).
 A detector with members (``Checkpoint.members``, made by ``indeed calibrate --member``) maps the mean
 of its members' maps, each read out at its own scales (docs/model.md, Eq. (member mean)); the
 threshold and the image score belong to that mean.
+
+A detector with a memory of normal features (``Checkpoint.memory``; :mod:`.memory`) fuses that mean
+with its nearest-normal-feature distance map as one more member (Eq. (memory fusion)), with the
+normal statistics stored beside the threshold.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from ...inference import (
 )
 from ...model import Checkpoint
 from .filters import gaussian_blur, resize, scaled_size
+from .memory import distance_map, fuse, stored_fusion
 
 MAP_BLUR, SCORE_BLUR, TOP_SHARE, POOL = 2.0, 4.0, 0.05, 21
 SCORE_DEFINITIONS = {
@@ -171,7 +176,28 @@ def detect(
     ``ensemble`` N = 2, 4 or 8: the map is the mean of the maps of the first N flips and rotations of
     the image (the order of ``indeed denoise --ensemble``), each turned back, docs/model.md
     Eq. (self-ensemble); None: as many as the detector's threshold was calibrated with
-    (:func:`readout_ensemble`).  N read-outs, N times the time."""
+    (:func:`readout_ensemble`).  N read-outs, N times the time.
+
+    A detector with a memory of normal features and its fusion statistics (:mod:`.memory`) maps
+    Eq. (memory fusion) of that mean and its distance map (of the image itself, once)."""
+    data, _ = as_image(image)
+    amap = member_mean(ckpt, data, opts, progress, scales, ensemble)
+    fusion = stored_fusion(ckpt)
+    if fusion is not None:
+        amap = fuse(amap, distance_map(ckpt.memory, data, ckpt.config.channels), fusion)
+    return Detection(amap.astype(np.float32), image_score(amap, score or score_kind(ckpt)))
+
+
+def member_mean(
+    ckpt: Checkpoint,
+    image,
+    opts: InferenceOptions | None = None,
+    progress=None,
+    scales: tuple[float, ...] | None = None,
+    ensemble: int | None = None,
+) -> np.ndarray:
+    """The map of :func:`detect` before a memory is fused in: Eq. (member mean), averaged over
+    ``ensemble`` flips and rotations; (h, w) float32."""
     n = check_ensemble(readout_ensemble(ckpt) if ensemble is None else ensemble)
     data, _ = as_image(image)
     amap = np.zeros(data.shape[1:], np.float32)
@@ -180,5 +206,4 @@ def detect(
         own = [scale_maps(ckpt, image_k, opts, progress, scales).mean(0)]
         turned = np.mean(own + [scale_maps(m, image_k, opts, progress).mean(0) for m in ckpt.members], 0)
         amap += dihedral(turned[None], k, inverse=True)[0]
-    amap /= n
-    return Detection(amap.astype(np.float32), image_score(amap, score or score_kind(ckpt)))
+    return amap / n

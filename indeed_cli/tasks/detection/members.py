@@ -36,6 +36,7 @@ def with_members(ckpt: Checkpoint, others: list[Checkpoint] | tuple[Checkpoint, 
 
 def _as_member(m: Checkpoint) -> Checkpoint:
     """A member keeps its network, training facts and read-out scales (what it maps with), not the
-    threshold learned for it alone, nor members of its own (those are flattened by with_members)."""
+    threshold learned for it alone, nor members of its own (those are flattened by with_members), nor
+    a feature memory (the detector's own, if any, is fused with the mean of all members)."""
     extra = {"detect": {"scales": list(readout_scales(m))}}
-    return replace(m, extra=extra, members=[], runtime={})
+    return replace(m, extra=extra, members=[], memory=None, runtime={})

@@ -1,0 +1,137 @@
+"""A detector's memory of normal features: filling it, its distance map, and the fused map.
+
+docs/model.md, "The normal feature memory". The memory (:class:`~indeed_cli.model.memory.FeatureMemory`)
+is filled from normal images (the training images of ``indeed train --task detect``, or
+``indeed calibrate --memory``). Its distance map d (Eq. normal feature distance) joins the map a
+of the detector's members as one more member, Eq. (memory fusion):
+
+    d~(x)   = mu_a + sigma_a (d(x) - mu_d) / sigma_d
+    a_M(x)  = (K a(x) + d~(x)) / (K + 1)
+
+with K the detector's members (a is already their mean) and mu, sigma the mean and standard
+deviation of a and of d over the pixels of the held-out normal images the threshold is learned
+on: d is brought to the scale that a has on normal surface, then weighted as one member. The
+threshold and the image score are computed from a_M.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...inference import as_image, training_channels
+from ...model import Checkpoint
+from ...model.checkpoint import stored_bank
+from ...model.memory import FeatureMemory
+from .filters import gaussian_blur, resize
+
+# PatchCore keeps a share of the normal patches: a tenth, at most MEMORY_ENTRIES of them, drawn at
+# random.  14,336 entries (2.2 MB in int8) keep the bundled detector under 16 MB; on its development
+# set 16,384 entries scored 0.01 image AUROC below a full tenth (67,314), docs/reports/2026-12-01-feature-memory.md
+MEMORY_SHARE, MEMORY_ENTRIES = 0.1, 14336
+# a new detector's memory is filled from at most this many of its training images, evenly spaced
+# (the PatchCore peer of the issue used 400)
+MEMORY_IMAGES = 400
+# the distance map is brought to the image's size and smoothed by a Gaussian of this sigma (px)
+DISTANCE_BLUR = 4.0
+
+
+@dataclass
+class FusionStats:
+    """What Eq. (memory fusion) needs, from the held-out normal images' pixels."""
+
+    map_mean: float
+    map_std: float
+    distance_mean: float
+    distance_std: float
+    members: int  # K: the members whose mean map a is
+
+    def to_dict(self) -> dict:
+        return {k: float(v) if k != "members" else int(v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FusionStats:
+        """From the facts stored under extra["detect"]["memory"] (which also hold others)."""
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+def build_memory(
+    trunk_state: dict[str, torch.Tensor],
+    normal_images,
+    channels: int,
+    entries: int = MEMORY_ENTRIES,
+    share: float = MEMORY_SHARE,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    progress=None,
+) -> FeatureMemory:
+    """A memory of ``share`` of the patch features of ``normal_images`` (paths, arrays or images, as a
+    detector of ``channels`` channels sees them: luma for a gray one), at most ``entries``, drawn at
+    random with ``seed`` (each image's share drawn from it, then the union thinned to ``entries``),
+    rounded as a checkpoint stores it."""
+    if not 0 < share <= 1:
+        raise ValueError(f"memory share must be in (0, 1], got {share:g}")
+    if entries < 1:
+        raise ValueError(f"memory entries must be at least 1, got {entries}")
+    gen = torch.Generator().manual_seed(seed)
+    probe = FeatureMemory(0).to(device)
+    probe.trunk.load_state_dict({k: v.float() for k, v in trunk_state.items()})
+    parts = []
+    for image in normal_images:
+        f = probe.patch_features(_tensor(image, channels, device)).cpu()
+        parts.append(f[torch.randperm(len(f), generator=gen)[: max(1, int(share * len(f)))]])
+        if progress:
+            progress(1)
+    if not parts:
+        raise ValueError("a feature memory needs at least one normal image")
+    bank = torch.cat(parts)
+    if len(bank) > entries:
+        bank = bank[torch.randperm(len(bank), generator=gen)[:entries]]
+    memory = FeatureMemory(len(bank))
+    memory.trunk.load_state_dict(probe.trunk.state_dict())
+    memory.bank.copy_(stored_bank(bank))  # as a checkpoint will hold it (int8), so its statistics hold there
+    return memory.to(device).eval()
+
+
+def memory_sample(paths: list, count: int = MEMORY_IMAGES) -> list:
+    """At most ``count`` of ``paths``, evenly spaced, in order."""
+    return list(paths[:: max(1, len(paths) // count)][:count])
+
+
+def _tensor(image, channels: int, device) -> torch.Tensor:
+    """(1, channels, h, w) on ``device``: the image with the detector's channels (luma for gray)."""
+    data = training_channels(as_image(image)[0], channels)
+    return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))[None].to(device)
+
+
+def distance_map(memory: FeatureMemory, image, channels: int) -> np.ndarray:
+    """Eq. (normal feature distance) of the image as a detector of ``channels`` channels sees it, at
+    the image's size: the stride-8 distances resized (bilinear) and smoothed by a Gaussian of
+    DISTANCE_BLUR px, (h, w) float32."""
+    data, _ = as_image(image)
+    d = memory.distance(_tensor(data, channels, memory.bank.device)).cpu().numpy()[None]
+    return gaussian_blur(resize(d, data.shape[1:])[0], DISTANCE_BLUR).astype(np.float32)
+
+
+def fusion_stats(maps: list[np.ndarray], distances: list[np.ndarray], members: int) -> FusionStats:
+    """The pixel means and standard deviations of the members' mean maps and of the distance maps of
+    held-out normal images (Eq. memory fusion)."""
+    a = np.concatenate([m.ravel() for m in maps]).astype(np.float64)
+    d = np.concatenate([m.ravel() for m in distances]).astype(np.float64)
+    return FusionStats(a.mean(), max(a.std(), 1e-12), d.mean(), max(d.std(), 1e-12), members)
+
+
+def fuse(amap: np.ndarray, dmap: np.ndarray, stats: FusionStats) -> np.ndarray:
+    """Eq. (memory fusion): the distance map on the members' normal scale, averaged with them as
+    one more member."""
+    scaled = stats.map_mean + stats.map_std * (dmap - stats.distance_mean) / stats.distance_std
+    k = stats.members
+    return ((k * amap + scaled) / (k + 1)).astype(np.float32)
+
+
+def stored_fusion(ckpt: Checkpoint) -> FusionStats | None:
+    """The fusion statistics stored with the threshold, None where the detector fuses no memory."""
+    facts = (ckpt.extra.get("detect") or {}).get("memory")
+    return FusionStats.from_dict(facts) if ckpt.memory is not None and facts else None

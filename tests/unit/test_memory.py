@@ -1,0 +1,152 @@
+"""The detector's memory of normal features: Eq. (normal feature distance) against a direct
+computation, Eq. (memory fusion), its statistics, and the checkpoint round trip."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+
+from indeed_cli.model import CheckpointError, load_checkpoint, read_metadata, save_checkpoint
+from indeed_cli.model.checkpoint import read_feature_trunk, stored_bank
+from indeed_cli.model.registry import resolve_feature_weights
+from indeed_cli.tasks.detection import build_memory, calibrate, distance_map, fuse, stored_fusion
+from indeed_cli.tasks.detection.maps import detect, image_score, member_mean
+from indeed_cli.tasks.detection.memory import FusionStats, fusion_stats, memory_sample
+
+
+def bundled_trunk() -> dict[str, torch.Tensor]:
+    """The bundled ImageNet trunk (a random one gives features too small to tell patches apart)."""
+    return read_feature_trunk(resolve_feature_weights(None, "efficientnet-lite0"), "efficientnet-lite0")
+
+
+def test_distance_is_the_nearest_bank_entry_computed_directly(rng):
+    mem = build_memory(bundled_trunk(), [rng.random((1, 40, 56), dtype=np.float32)], 1, share=0.5, seed=1)
+    img = torch.from_numpy(rng.random((1, 1, 37, 50), dtype=np.float32))
+    q = mem.patch_features(img)
+    want = torch.cdist(q.double(), mem.bank.double()).amin(1).view(5, 7)  # ceil(37/8), ceil(50/8)
+    got = mem.distance(img)
+    assert got.shape == (5, 7) and torch.allclose(got.double(), want, atol=1e-3)
+    # an image whose every patch is in the memory lies at distance 0 from it (to the int8 rounding of
+    # the bank), another image far from it
+    same = rng.random((1, 32, 48), dtype=np.float32)
+    full = build_memory(bundled_trunk(), [same], 1, share=1.0)
+    near, far = (
+        float(full.distance(torch.from_numpy(same)[None]).max()),
+        float(mem.distance(torch.from_numpy(same)[None]).min()),
+    )
+    assert full.entries == 4 * 6 and near < 0.5 and far > 10 * near
+
+
+def test_memory_is_thinned_to_its_entries_and_sampled_evenly():
+    imgs = [np.full((1, 64, 64), v, np.float32) for v in (0.2, 0.5, 0.8)]
+    mem = build_memory(bundled_trunk(), imgs, 1, entries=10, share=1.0)
+    assert mem.entries == 10
+    assert memory_sample(list(range(1000)), 400) == list(range(0, 800, 2))
+    assert memory_sample([1, 2, 3], 400) == [1, 2, 3]
+    with pytest.raises(ValueError):
+        build_memory(bundled_trunk(), [], 1)
+    with pytest.raises(ValueError):
+        build_memory(bundled_trunk(), imgs, 1, share=0)
+
+
+def test_fusion_weighs_the_distance_as_one_more_member(rng):
+    a = rng.random((20, 30)).astype(np.float32)
+    d = rng.random((20, 30)).astype(np.float32) * 7 + 2
+    stats = FusionStats(map_mean=0.2, map_std=0.05, distance_mean=4.0, distance_std=1.5, members=2)
+    scaled = 0.2 + 0.05 * (d - 4.0) / 1.5
+    assert np.allclose(fuse(a, d, stats), (2 * a + scaled) / 3, atol=1e-6)
+    # a distance map that is the members' map on another scale gives the map back
+    same = 4.0 + 1.5 * (a - 0.2) / 0.05
+    assert np.allclose(fuse(a, same, stats), a, atol=1e-5)
+    st = fusion_stats([a, a + 1], [d], 1)
+    both = np.concatenate([a.ravel(), a.ravel() + 1])
+    assert np.isclose(st.map_mean, both.mean()) and np.isclose(st.map_std, both.std())
+    assert np.isclose(st.distance_std, d.std()) and FusionStats.from_dict(st.to_dict()) == st
+
+
+def test_checkpoint_round_trip_with_a_memory(tmp_path, rng):
+    model = tiny_model(1, task="detect", support_width=8)
+    mem = build_memory(bundled_trunk(), [rng.random((1, 48, 48), dtype=np.float32)], 1, share=1.0)
+    p = save_checkpoint(tmp_path / "m.safetensors", model, {}, {}, memory=mem)
+    meta = read_metadata(p)
+    assert meta["memory"] == {"features": "efficientnet-lite0", "entries": 36}
+    ck = load_checkpoint(p)
+    assert ck.memory.entries == 36
+    # the bank is stored in int8 with a scale per feature channel, and built already so rounded: the
+    # file gives back what was built, and the rounding is at most half a step of the unrounded bank
+    assert torch.allclose(ck.memory.bank, mem.bank, atol=1e-6)
+    raw = mem.bank.clone()
+    assert torch.equal(stored_bank(raw), raw)
+    noisy = raw + 0.01 * torch.randn(raw.shape)
+    assert ((stored_bank(noisy) - noisy).abs() <= 0.5 * noisy.abs().amax(0) / 127 * 1.01 + 1e-6).all()
+    img = torch.from_numpy(rng.random((1, 1, 40, 40), dtype=np.float32))
+    assert torch.allclose(ck.memory.distance(img), mem.distance(img), atol=1e-4)
+    from safetensors import safe_open
+
+    with safe_open(str(p), "pt") as f:
+        assert f.metadata()["format_version"] == "4"
+    plain = save_checkpoint(tmp_path / "p.safetensors", model, {}, {})
+    assert load_checkpoint(plain).memory is None and read_metadata(plain)["memory"] is None
+    with pytest.raises(ValueError):
+        save_checkpoint(tmp_path / "d.safetensors", tiny_model(1), {}, {}, memory=mem)
+    # metadata that promises a memory the tensors do not hold: one clear error
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(plain), "pt") as f:
+        bad_meta = {**f.metadata(), "memory": json.dumps({"features": "efficientnet-lite0", "entries": 4})}
+    save_file(load_file(str(plain)), str(tmp_path / "bad.safetensors"), metadata=bad_meta)
+    with pytest.raises(CheckpointError, match="feature memory"):
+        load_checkpoint(tmp_path / "bad.safetensors")
+
+
+def test_calibrated_detector_maps_the_fusion_computed_directly(tmp_path, rng):
+    """calibrate() learns Eq. (memory fusion)'s statistics from the normal images' pixels and the
+    threshold on the fused maps; detect() maps that fusion."""
+    model = tiny_model(1, task="detect", support_width=8)
+    normal = [rng.integers(90, 160, (1, 40, 48)).astype(np.float32) / 255 for _ in range(3)]
+    mem = build_memory(bundled_trunk(), normal, 1, share=1.0)
+    ck = load_checkpoint(save_checkpoint(tmp_path / "m.safetensors", model, {"scales": [1.0]}, {}, memory=mem))
+    facts = calibrate(ck, normal, quantile=1.0)
+    a = [member_mean(ck, im) for im in normal]
+    d = [distance_map(ck.memory, im, 1) for im in normal]
+    want = fusion_stats(a, d, 1)
+    got = FusionStats.from_dict(facts["memory"])
+    assert np.allclose(list(got.to_dict().values()), list(want.to_dict().values()), rtol=1e-5)
+    assert np.isclose(facts["threshold"], max(image_score(fuse(x, y, want)) for x, y in zip(a, d)), rtol=1e-5)
+    assert facts["memory"]["entries"] == mem.entries and "normal patch features" in facts["map"]
+    ck.extra["detect"] = facts
+    test = rng.integers(0, 256, (1, 37, 50)).astype(np.float32) / 255
+    fused = fuse(member_mean(ck, test), distance_map(ck.memory, test, 1), stored_fusion(ck))
+    det = detect(ck, test)
+    assert np.allclose(det.anomaly_map, fused, atol=1e-6) and np.isclose(det.score, image_score(fused))
+    # a defect-like patch that no normal patch resembles lies further from the memory
+    spot = normal[0].copy()
+    spot[:, 16:32, 16:32] = 1.0
+    assert distance_map(ck.memory, spot, 1)[24, 24] > distance_map(ck.memory, normal[0], 1)[24, 24] + 1.0
+
+
+def test_memory_reads_its_trunk_from_a_member_that_holds_the_same(tmp_path, rng):
+    """A detector whose f_thetaM (or a member's) reads the same trunk stores it once: the memory then
+    loads it from that network."""
+    from indeed_cli.model.checkpoint import load_support_features
+
+    feat = tiny_model(1, task="detect", support_width=8, support_features="efficientnet-lite0", seed=3)
+    load_support_features(feat, resolve_feature_weights(None, "efficientnet-lite0"))
+    plain = tiny_model(1, task="detect", support_width=8)
+    mem = build_memory(bundled_trunk(), [rng.random((1, 48, 48), dtype=np.float32)], 1, share=1.0)
+    from indeed_cli.model import Checkpoint
+
+    member = Checkpoint(feat, feat.cfg, {}, {"detect": {"scales": [1.0]}})
+    shared = save_checkpoint(tmp_path / "s.safetensors", plain, {}, {}, members=[member], memory=mem)
+    alone = save_checkpoint(tmp_path / "a.safetensors", plain, {}, {}, memory=mem)
+    assert read_metadata(shared)["memory"]["trunk"] == "1" and "trunk" not in read_metadata(alone)["memory"]
+    from safetensors import safe_open
+
+    with safe_open(str(shared), "pt") as f, safe_open(str(alone), "pt") as g:  # the trunk stored once
+        assert not any(k.startswith("memory.trunk.") for k in f.keys())
+        assert any(k.startswith("memory.trunk.") for k in g.keys())
+    a, b = load_checkpoint(shared).memory, load_checkpoint(alone).memory
+    img = torch.from_numpy(rng.random((1, 1, 40, 40), dtype=np.float32))
+    assert torch.equal(a.distance(img), b.distance(img))
