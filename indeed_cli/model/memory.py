@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 from .features import FEATURE_CHANNELS, EfficientNetLite0Trunk
 
-# queries compared with the memory at once: a (chunk, entries) distance matrix is held
-QUERY_CHUNK = 2048
+# queries compared with the memory at once: a (chunk, entries) matrix is held
+QUERY_CHUNK = 512
 
 
 class FeatureMemory(nn.Module):
@@ -58,6 +58,8 @@ class FeatureMemory(nn.Module):
         q = self.patch_features(Y)
         bank = self.bank.float()
         b2 = bank.square().sum(1)
-        # ||q - m||^2 = ||q||^2 - 2 q.m + ||m||^2, the smallest over m, in chunks of queries
-        nearest = [(c.square().sum(1, keepdim=True) - 2 * c @ bank.T + b2).amin(1) for c in q.split(QUERY_CHUNK)]
-        return torch.cat(nearest).clamp_min(0).sqrt().view(-(-h // 8), -(-w // 8))
+        # ||q - m||^2 = ||q||^2 + (||m||^2 - 2 q.m): the bracket's smallest over m is one matrix
+        # product and a minimum (addmm writes one (chunk, entries) matrix), ||q||^2 added after it
+        nearest = [torch.addmm(b2, c, bank.T, alpha=-2).amin(1) for c in q.split(QUERY_CHUNK)]
+        d2 = torch.cat(nearest) + q.square().sum(1)
+        return d2.clamp_min(0).sqrt().view(-(-h // 8), -(-w // 8))
