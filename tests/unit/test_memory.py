@@ -11,7 +11,7 @@ from conftest import tiny_model
 from indeed_cli.model import CheckpointError, load_checkpoint, read_metadata, save_checkpoint
 from indeed_cli.model.checkpoint import read_feature_trunk, stored_bank
 from indeed_cli.model.registry import resolve_feature_weights
-from indeed_cli.tasks.detection import build_memory, calibrate, distance_map, fuse, stored_fusion
+from indeed_cli.tasks.detection import build_memory, calibrate, distance_map, fuse, greedy_coreset, stored_fusion
 from indeed_cli.tasks.detection.maps import detect, image_score, member_mean
 from indeed_cli.tasks.detection.memory import FusionStats, fusion_stats, memory_sample
 
@@ -150,3 +150,17 @@ def test_memory_reads_its_trunk_from_a_member_that_holds_the_same(tmp_path, rng)
     a, b = load_checkpoint(shared).memory, load_checkpoint(alone).memory
     img = torch.from_numpy(rng.random((1, 1, 40, 40), dtype=np.float32))
     assert torch.equal(a.distance(img), b.distance(img))
+
+
+def test_greedy_coreset_keeps_the_rare_points_a_random_draw_misses():
+    """Many copies of one point and a few far ones: the coreset of a few rows holds every far one;
+    each next row is the farthest from those chosen."""
+    gen = torch.Generator().manual_seed(0)
+    common = torch.zeros(500, 8) + 0.01 * torch.randn(500, 8, generator=gen)
+    rare = torch.eye(8)[:3] * 10
+    feats = torch.cat([common, rare])
+    core = greedy_coreset(feats, 4, torch.Generator().manual_seed(1), dims=8)
+    assert len(core) == 4
+    for r in rare:
+        assert (core - r).norm(dim=1).min() < 1e-6
+    assert torch.equal(greedy_coreset(feats[:3], 4, gen), feats[:3])

@@ -19,7 +19,7 @@ from .maps import (
     stored_threshold,
 )
 from .members import with_members
-from .memory import FusionStats, build_memory, distance_map, fuse, stored_fusion
+from .memory import FusionStats, build_memory, distance_map, fuse, greedy_coreset, stored_fusion
 from .synthesis import PRESETS, AnomalyConfig, synthesize
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "distance_map",
     "fuse",
     "gaussian_blur",
+    "greedy_coreset",
     "has_support",
     "image_score",
     "readout_ensemble",
