@@ -46,9 +46,11 @@ def models_cmd(
 
 
 def _task(row: dict) -> str:
-    """The task, with the number of members of a detector that has several (indeed calibrate --member)."""
+    """The task, with the number of members of a detector that has several (indeed calibrate --member)
+    and "+ memory" where it holds a memory of normal features (indeed calibrate --memory)."""
     task = str(row.get("task", row.get("error", "?")))
-    return f"{task} ×{row['members']}" if row.get("members", 1) > 1 else task  # "detect ×2": two members
+    task = f"{task} ×{row['members']}" if row.get("members", 1) > 1 else task  # "detect ×2": two members
+    return f"{task} + memory" if row.get("memory_entries") else task
 
 
 def _default(jobs: list[str]) -> str:

@@ -210,6 +210,7 @@ def _describe(path: Path, origin: str, name: str) -> dict:
             ood_threshold=(extra.get("ood") or {}).get("threshold"),
             detect_threshold=(extra.get("detect") or {}).get("threshold"),
             members=1 + len(meta["members"]),
+            memory_entries=(meta["memory"] or {}).get("entries"),  # a detector's memory of normal features
         )
     except CheckpointError as e:
         row["error"] = str(e)

@@ -237,18 +237,23 @@ def test_models_shows_deployment_thresholds(run_cli, tmp_path, monkeypatch):
     save_checkpoint(wdir / "det.safetensors", tiny_model(1, task="detect"), {}, {"detect": {"threshold": 0.5}})
     save_checkpoint(wdir / "raw.safetensors", tiny_model(1), {})
     pair = Checkpoint(tiny_model(1, task="detect"), tiny_model(1, task="detect").cfg, {}, {}, "p")
-    save_checkpoint(wdir / "pair.safetensors", pair.model, members=with_members(pair, [pair]).members)
+    from indeed_cli.model.memory import FeatureMemory
+
+    save_checkpoint(
+        wdir / "pair.safetensors", pair.model, members=with_members(pair, [pair]).members, memory=FeatureMemory(3)
+    )
     monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(wdir))
     monkeypatch.setenv("COLUMNS", "250")  # rich would otherwise shorten the cells
     code, out, _ = run_cli("models", "--json")
     rows = {r["name"]: r for r in map(json.loads, out.splitlines()) if r["origin"] == "bundled"}
     assert code == 0 and set(rows) == {"den", "det", "raw", "pair"}
     assert (rows["det"]["members"], rows["pair"]["members"]) == (1, 2)
+    assert (rows["det"]["memory_entries"], rows["pair"]["memory_entries"]) == (None, 3)
     assert (rows["den"]["ood_threshold"], rows["den"]["detect_threshold"]) == (0.25, None)
     assert (rows["det"]["ood_threshold"], rows["det"]["detect_threshold"]) == (None, 0.5)
     assert rows["raw"]["ood_threshold"] is None and "points" not in out
     code, out, _ = run_cli("models")
-    assert code == 0 and "ood 0.25" in out and "anomaly 0.5" in out and "detect ×2" in out
+    assert code == 0 and "ood 0.25" in out and "anomaly 0.5" in out and "detect ×2 + memory" in out
     assert "98765" in out and "4321" not in out
 
 
