@@ -97,7 +97,8 @@ def save_checkpoint(
     (:func:`quantize_int8`); None stores every tensor in ``dtype``.  ``members``: a detector's further
     members (:attr:`Checkpoint.members`), stored with their config, training facts and extra; their
     own members are not kept (``tasks.detection.with_members`` flattens them).  ``memory``: a
-    detector's memory of normal features (:attr:`Checkpoint.memory`), stored in float16."""
+    detector's memory of normal features (:attr:`Checkpoint.memory`): its bank in int8 by feature
+    channel, its trunk in ``dtype`` unless a network of the file holds the same (:func:`_memory_tensors`)."""
     path = Path(path)
     if members and model.cfg.task != "detect":
         raise ValueError(f"only detectors have members; this is a {model.cfg.task} model")
@@ -163,7 +164,7 @@ def _memory_tensors(memory: FeatureMemory, dtype: torch.dtype, with_trunk: bool)
     """The memory as stored: its bank in int8 with one float16 scale per feature channel (the bank
     is most of the memory's size; :func:`quantize_int8` on its transpose), its trunk in ``dtype``
     unless another network of the file holds the same trunk."""
-    q, scale = quantize_int8(memory.bank.detach().to("cpu").T)  # (152, entries), a scale per channel
+    q, scale = quantize_int8(memory.bank.detach().to("cpu").T)  # (152, entries): as stored_bank rounds
     out = {MEMORY_PREFIX + "bank_t": q, MEMORY_PREFIX + "bank_t" + INT8_SCALE_SUFFIX: scale}
     if with_trunk:
         out.update({f"{MEMORY_PREFIX}trunk.{n}": v.detach().to("cpu", dtype).contiguous()
@@ -307,7 +308,7 @@ def _memory(
             trunk = networks[int(described["trunk"])].support.features.state_dict()
             state.update({f"trunk.{k}": v for k, v in trunk.items()})
         memory.load_state_dict({k: v.float().contiguous() for k, v in state.items()})
-    except (TypeError, KeyError, ValueError, RuntimeError) as e:
+    except (TypeError, KeyError, ValueError, RuntimeError, IndexError, AttributeError) as e:
         raise CheckpointError(
             f"checkpoint feature memory is damaged ({str(e).splitlines()[0][:120]}): {path}"
         ) from None

@@ -12,22 +12,10 @@ from pathlib import Path
 
 from ..inference import resolve_device
 from ..model import load_checkpoint, resolve_weights, save_checkpoint
-from ..model.checkpoint import read_feature_trunk
-from ..model.registry import resolve_feature_weights
-from ..tasks.detection import QUANTILE, build_memory, calibrate, with_members
+from ..tasks.detection import QUANTILE, build_memory, calibrate, memory_trunk, with_members
 from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
 from .inputs import ensemble_setting
-
-
-def memory_trunk(ck) -> dict:
-    """The trunk weights a detector's memory reads features with: those of the first of its networks
-    whose f_thetaM reads EfficientNet-Lite0 features (the file then stores them once), else the
-    bundled trunk."""
-    for net in (ck.model, *(m.model for m in ck.members)):
-        if net.cfg.support_features == "efficientnet-lite0":
-            return {k: v.detach().cpu() for k, v in net.support.features.state_dict().items()}
-    return read_feature_trunk(resolve_feature_weights(None, "efficientnet-lite0"), "efficientnet-lite0")
 
 
 def calibrate_checkpoint(

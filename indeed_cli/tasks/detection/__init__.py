@@ -19,7 +19,7 @@ from .maps import (
     stored_threshold,
 )
 from .members import with_members
-from .memory import FusionStats, build_memory, distance_map, fuse, greedy_coreset, stored_fusion
+from .memory import FusionStats, build_memory, distance_map, fuse, greedy_coreset, memory_trunk, stored_fusion
 from .synthesis import PRESETS, AnomalyConfig, synthesize
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "greedy_coreset",
     "has_support",
     "image_score",
+    "memory_trunk",
     "readout_ensemble",
     "readout_scales",
     "resize",

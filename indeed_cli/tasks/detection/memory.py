@@ -23,8 +23,9 @@ import torch
 
 from ...inference import as_image, training_channels
 from ...model import Checkpoint
-from ...model.checkpoint import stored_bank
+from ...model.checkpoint import read_feature_trunk, stored_bank
 from ...model.memory import FeatureMemory
+from ...model.registry import resolve_feature_weights
 from .filters import gaussian_blur, resize
 
 # A tenth of each normal image's patches are candidates, and at most MEMORY_ENTRIES of them are kept
@@ -93,6 +94,16 @@ def build_memory(
     memory.trunk.load_state_dict(probe.trunk.state_dict())
     memory.bank.copy_(stored_bank(bank))  # as a checkpoint will hold it (int8), so its statistics hold there
     return memory.to(device).eval()
+
+
+def memory_trunk(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
+    """The trunk weights a detector's memory reads features with: those of the first of its networks
+    whose f_thetaM reads EfficientNet-Lite0 features (the file then stores them once), else the
+    bundled trunk (weights/features/)."""
+    for net in (ckpt.model, *(m.model for m in ckpt.members)):
+        if net.cfg.support_features == "efficientnet-lite0":
+            return {k: v.detach().cpu() for k, v in net.support.features.state_dict().items()}
+    return read_feature_trunk(resolve_feature_weights(None, "efficientnet-lite0"), "efficientnet-lite0")
 
 
 def greedy_coreset(features: torch.Tensor, n: int, gen: torch.Generator, dims: int = CORESET_DIMS) -> torch.Tensor:
