@@ -153,18 +153,22 @@ def _shared_trunk(memory: FeatureMemory, networks: list[InDeed]) -> str | None:
     return None
 
 
+def _bank_int8(bank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A memory bank (entries, 152) as stored: its transpose in int8, one scale per feature channel."""
+    return quantize_int8(bank.detach().to("cpu").T)
+
+
 def stored_bank(bank: torch.Tensor) -> torch.Tensor:
     """A memory bank as a file stores and gives it back (int8 by feature channel, dequantised), so
     that statistics learned on it hold for the saved file."""
-    q, scale = quantize_int8(bank.detach().to("cpu").T)
-    return dequantize_int8(q, scale).T.contiguous().to(bank.device)
+    return dequantize_int8(*_bank_int8(bank)).T.contiguous().to(bank.device)
 
 
 def _memory_tensors(memory: FeatureMemory, dtype: torch.dtype, with_trunk: bool) -> dict[str, torch.Tensor]:
     """The memory as stored: its bank in int8 with one float16 scale per feature channel (the bank
     is most of the memory's size; :func:`quantize_int8` on its transpose), its trunk in ``dtype``
     unless another network of the file holds the same trunk."""
-    q, scale = quantize_int8(memory.bank.detach().to("cpu").T)  # (152, entries): as stored_bank rounds
+    q, scale = _bank_int8(memory.bank)
     out = {MEMORY_PREFIX + "bank_t": q, MEMORY_PREFIX + "bank_t" + INT8_SCALE_SUFFIX: scale}
     if with_trunk:
         out.update({f"{MEMORY_PREFIX}trunk.{n}": v.detach().to("cpu", dtype).contiguous()

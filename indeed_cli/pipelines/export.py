@@ -21,7 +21,7 @@ from torch import nn
 
 from ..inference import InferenceOptions
 from ..model import Checkpoint, load_checkpoint, resolve_weights
-from ..tasks.detection import has_support, readout_ensemble, readout_scales, score_kind, stored_threshold
+from ..tasks.detection import has_support, readout_ensemble, readout_scales, score_kind, stored_fusion, stored_threshold
 from ..tasks.detection.maps import MAP_BLUR, SCORE_DEFINITIONS
 from .inputs import UsageError
 
@@ -159,9 +159,8 @@ def metadata(ck: Checkpoint, tile: int, output: str) -> dict[str, str]:
             "indeed.score": kind,
             "indeed.score_definition": SCORE_DEFINITIONS[kind],
         })  # fmt: skip
-        fusion = (ck.extra.get("detect") or {}).get("memory") if ck.memory is not None else None
-        if fusion:  # the graph has no feature memory: its map is the members' alone, with that map's threshold
-            meta["indeed.threshold"] = json.dumps(fusion.get("threshold_without"))
+        if stored_fusion(ck) is not None:  # the graph has no feature memory: the members' map and its threshold
+            meta["indeed.threshold"] = json.dumps(ck.extra["detect"]["memory"].get("threshold_without"))
             meta["indeed.memory"] = (
                 "not in this graph: `indeed detect` fuses a distance to normal ImageNet features with this map "
                 "(docs/model.md, Eq. (memory fusion)); indeed.threshold is the one learned without it"

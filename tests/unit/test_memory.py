@@ -164,3 +164,18 @@ def test_greedy_coreset_keeps_the_rare_points_a_random_draw_misses():
     for r in rare:
         assert (core - r).norm(dim=1).min() < 1e-6
     assert torch.equal(greedy_coreset(feats[:3], 4, gen), feats[:3])
+
+
+def test_onnx_metadata_gives_the_threshold_learned_without_the_memory(tmp_path, rng):
+    """The exported graph has no memory: its metadata names the members' own threshold, not the fused one."""
+    from indeed_cli.pipelines.export import metadata
+
+    model = tiny_model(1, task="detect", support_width=8)
+    normal = [rng.integers(90, 160, (1, 40, 48)).astype(np.float32) / 255 for _ in range(3)]
+    mem = build_memory(bundled_trunk(), normal, 1, share=1.0)
+    ck = load_checkpoint(save_checkpoint(tmp_path / "m.safetensors", model, {"scales": [1.0]}, {}, memory=mem))
+    ck.extra["detect"] = calibrate(ck, normal, quantile=1.0)
+    meta = metadata(ck, 128, "P")
+    without = ck.extra["detect"]["memory"]["threshold_without"]
+    assert json.loads(meta["indeed.threshold"]) == without != ck.extra["detect"]["threshold"]
+    assert "indeed.memory" in meta
