@@ -12,7 +12,7 @@ format_version "2", docs/checkpoints.md): the gray denoiser's U-Net bottleneck i
 detector may hold further members, whole networks of their own whose support maps are averaged
 with the first's (format_version "3"; metadata ``members``, tensors ``member<k>.<name>``), and a
 memory of normal image features (:mod:`.memory`; format_version "4"; metadata ``memory``, tensors
-``memory.bank_t`` (int8, by feature channel, with its scales) and ``memory.trunk.<name>`` unless a
+``memory.bank_t`` (int8, by feature channel, with its scales), ``memory.density`` and ``memory.trunk.<name>`` unless a
 network of the file holds the same trunk as f_thetaM's features).
 
 Where a ``--weights`` value points (bundled names, paths, the Hub): :mod:`.registry`.
@@ -167,9 +167,10 @@ def stored_bank(bank: torch.Tensor) -> torch.Tensor:
 def _memory_tensors(memory: FeatureMemory, dtype: torch.dtype, with_trunk: bool) -> dict[str, torch.Tensor]:
     """The memory as stored: its bank in int8 with one float16 scale per feature channel (the bank
     is most of the memory's size; :func:`quantize_int8` on its transpose), its trunk in ``dtype``
-    unless another network of the file holds the same trunk."""
+    unless another network of the file holds the same trunk, its density radii in float32."""
     q, scale = _bank_int8(memory.bank)
-    out = {MEMORY_PREFIX + "bank_t": q, MEMORY_PREFIX + "bank_t" + INT8_SCALE_SUFFIX: scale}
+    out = {MEMORY_PREFIX + "bank_t": q, MEMORY_PREFIX + "bank_t" + INT8_SCALE_SUFFIX: scale,
+           MEMORY_PREFIX + "density": memory.density.detach().to("cpu", torch.float32).contiguous()}  # fmt: skip
     if with_trunk:
         out.update({f"{MEMORY_PREFIX}trunk.{n}": v.detach().to("cpu", dtype).contiguous()
                     for n, v in memory.trunk.state_dict().items()})  # fmt: skip
@@ -311,13 +312,16 @@ def _memory(
         if "trunk" in described:
             trunk = networks[int(described["trunk"])].support.features.state_dict()
             state.update({f"trunk.{k}": v for k, v in trunk.items()})
+        # files made before the density radii (Eq. memory density) hold none: radii 1, the plain
+        # distance they were calibrated with
+        state.setdefault("density", torch.ones(int(described["entries"])))
         memory.load_state_dict({k: v.float().contiguous() for k, v in state.items()})
     except (TypeError, KeyError, ValueError, RuntimeError, IndexError, AttributeError) as e:
         raise CheckpointError(
             f"checkpoint feature memory is damaged ({str(e).splitlines()[0][:120]}): {path}"
         ) from None
-    if not torch.isfinite(memory.bank).all():
-        raise CheckpointError(f"checkpoint feature memory holds NaN or Inf: {path}")
+    if not (torch.isfinite(memory.bank).all() and torch.isfinite(memory.density).all() and (memory.density > 0).all()):
+        raise CheckpointError(f"checkpoint feature memory holds NaN, Inf or a radius not above 0: {path}")
     return memory
 
 

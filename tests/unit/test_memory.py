@@ -10,6 +10,7 @@ from conftest import tiny_model
 
 from indeed_cli.model import CheckpointError, load_checkpoint, read_metadata, save_checkpoint
 from indeed_cli.model.checkpoint import read_feature_trunk, stored_bank
+from indeed_cli.model.memory import bank_density
 from indeed_cli.model.registry import resolve_feature_weights
 from indeed_cli.tasks.detection import build_memory, calibrate, distance_map, fuse, greedy_coreset, stored_fusion
 from indeed_cli.tasks.detection.maps import detect, image_score, member_mean
@@ -25,9 +26,12 @@ def test_distance_is_the_nearest_bank_entry_computed_directly(rng):
     mem = build_memory(bundled_trunk(), [rng.random((1, 40, 56), dtype=np.float32)], 1, share=0.5, seed=1)
     img = torch.from_numpy(rng.random((1, 1, 37, 50), dtype=np.float32))
     q = mem.patch_features(img)
-    want = torch.cdist(q.double(), mem.bank.double()).amin(1).view(5, 7)  # ceil(37/8), ceil(50/8)
+    near, which = torch.cdist(q.double(), mem.bank.double()).min(1)
+    # Eq. (normal feature distance): the nearest entry's distance over that entry's density radius
+    want = (near / mem.density.double()[which]).view(5, 7)  # ceil(37/8), ceil(50/8)
     got = mem.distance(img)
-    assert got.shape == (5, 7) and torch.allclose(got.double(), want, atol=1e-3)
+    assert got.shape == (5, 7) and torch.allclose(got.double(), want, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(mem.density, torch.ones_like(mem.density))  # the radii are not all 1
     # an image whose every patch is in the memory lies at distance 0 from it (to the int8 rounding of
     # the bank), another image far from it
     same = rng.random((1, 32, 48), dtype=np.float32)
@@ -37,6 +41,24 @@ def test_distance_is_the_nearest_bank_entry_computed_directly(rng):
         float(mem.distance(torch.from_numpy(same)[None]).min()),
     )
     assert full.entries == 4 * 6 and near < 0.5 and far > 10 * near
+
+
+def test_density_radius_is_the_mean_distance_to_the_nearest_other_entries(rng):
+    """Eq. (memory density) against all pairwise distances computed directly; duplicates floored,
+    a single entry (no other to measure) and equal entries give radius 1 (the plain distance)."""
+    bank = torch.from_numpy(rng.normal(size=(700, 152)).astype(np.float32))  # more than one chunk
+    pair = torch.cdist(bank.double(), bank.double()) + torch.diag(torch.full((700,), float("inf"), dtype=torch.float64))
+    for k in (1, 3):
+        want = pair.topk(k, dim=1, largest=False).values.mean(1)
+        assert torch.allclose(bank_density(bank, k).double(), want, rtol=1e-4)
+    two = torch.stack([bank[0], bank[0], bank[1]])  # entries 0 and 1 are the same patch
+    rho = bank_density(two, 1)
+    assert rho[0] == rho[1] and 0 < rho[0] < 1e-2 * rho[2]
+    assert torch.equal(bank_density(bank[:1]), torch.ones(1))
+    assert torch.equal(bank_density(bank[:1].repeat(5, 1)), torch.ones(5))
+    # fewer others than neighbours asked for: the mean over all the others
+    three = torch.cdist(bank[:3].double(), bank[:3].double())
+    assert torch.allclose(bank_density(bank[:3], 9).double(), three.sum(1) / 2, rtol=1e-4)
 
 
 def test_memory_is_thinned_to_its_entries_and_sampled_evenly():
@@ -82,7 +104,21 @@ def test_checkpoint_round_trip_with_a_memory(tmp_path, rng):
     noisy = raw + 0.01 * torch.randn(raw.shape)
     assert ((stored_bank(noisy) - noisy).abs() <= 0.5 * noisy.abs().amax(0) / 127 * 1.01 + 1e-6).all()
     img = torch.from_numpy(rng.random((1, 1, 40, 40), dtype=np.float32))
+    assert torch.equal(ck.memory.density, mem.density)
     assert torch.allclose(ck.memory.distance(img), mem.distance(img), atol=1e-4)
+    # a file made before the density radii holds none: radii 1, the plain nearest distance it was
+    # calibrated with
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(p), "pt") as f:
+        old_meta = f.metadata()
+    old_state = {k: v for k, v in load_file(str(p)).items() if k != "memory.density"}
+    save_file(old_state, str(tmp_path / "old.safetensors"), metadata=old_meta)
+    old = load_checkpoint(tmp_path / "old.safetensors").memory
+    q = old.patch_features(img)
+    assert torch.equal(old.density, torch.ones(36))
+    assert torch.allclose(old.distance(img).flatten().double(), torch.cdist(q.double(), old.bank.double()).amin(1), atol=1e-3)
     from safetensors import safe_open
 
     with safe_open(str(p), "pt") as f:

@@ -24,7 +24,7 @@ import torch
 from ...inference import as_image, training_channels
 from ...model import Checkpoint
 from ...model.checkpoint import read_feature_trunk, stored_bank
-from ...model.memory import FeatureMemory
+from ...model.memory import FeatureMemory, bank_density
 from ...model.registry import resolve_feature_weights
 from .filters import gaussian_blur, resize
 
@@ -93,6 +93,7 @@ def build_memory(
     memory = FeatureMemory(len(bank))
     memory.trunk.load_state_dict(probe.trunk.state_dict())
     memory.bank.copy_(stored_bank(bank))  # as a checkpoint will hold it (int8), so its statistics hold there
+    memory.density.copy_(bank_density(memory.bank.to(device)).cpu())
     return memory.to(device).eval()
 
 
