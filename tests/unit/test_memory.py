@@ -118,8 +118,8 @@ def test_checkpoint_round_trip_with_a_memory(tmp_path, rng):
     old = load_checkpoint(tmp_path / "old.safetensors").memory
     q = old.patch_features(img)
     assert torch.equal(old.density, torch.ones(36))
-    assert torch.allclose(old.distance(img).flatten().double(), torch.cdist(q.double(), old.bank.double()).amin(1), atol=1e-3)
-    from safetensors import safe_open
+    nearest = torch.cdist(q.double(), old.bank.double()).amin(1)
+    assert torch.allclose(old.distance(img).flatten().double(), nearest, atol=1e-3)
 
     with safe_open(str(p), "pt") as f:
         assert f.metadata()["format_version"] == "4"
@@ -128,8 +128,6 @@ def test_checkpoint_round_trip_with_a_memory(tmp_path, rng):
     with pytest.raises(ValueError):
         save_checkpoint(tmp_path / "d.safetensors", tiny_model(1), {}, {}, memory=mem)
     # metadata that promises a memory the tensors do not hold: one clear error
-    from safetensors.torch import load_file, save_file
-
     with safe_open(str(plain), "pt") as f:
         bad_meta = {**f.metadata(), "memory": json.dumps({"features": "efficientnet-lite0", "entries": 4})}
     save_file(load_file(str(plain)), str(tmp_path / "bad.safetensors"), metadata=bad_meta)
