@@ -9,6 +9,7 @@ import typer
 
 from ..model import resolve_weights
 from ..pipelines import calibrate_checkpoint, parse_scales
+from ..tasks.detection import MEMORY_ENTRIES
 from ..tasks.training import list_images
 from .options import Device, Force, Json, Weights
 from .runner import CLIError, emit_json
@@ -83,6 +84,16 @@ def calibrate_cmd(
             "a detector has. Default: keep what the detector has.",
         ),
     ] = None,
+    memory_entries: Annotated[
+        int | None,
+        typer.Option(
+            "--memory-entries",
+            metavar="N",
+            min=1,
+            help="detect, with --memory: the most entries the memory keeps (PatchCore's greedy coreset); "
+            f"more finds more and reads out slower. Default {MEMORY_ENTRIES:,}.",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,
@@ -122,6 +133,7 @@ def calibrate_cmd(
             ensemble=ensemble,
             members=member,
             memory=memory_images,
+            memory_entries=memory_entries,
         )
     except ValueError as e:
         raise CLIError(str(e)) from None

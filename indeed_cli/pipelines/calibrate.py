@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..inference import resolve_device
 from ..model import load_checkpoint, resolve_weights, save_checkpoint
-from ..tasks.detection import QUANTILE, build_memory, calibrate, memory_trunk, with_members
+from ..tasks.detection import MEMORY_ENTRIES, QUANTILE, build_memory, calibrate, memory_trunk, with_members
 from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
 from .inputs import ensemble_setting
@@ -33,6 +33,7 @@ def calibrate_checkpoint(
     ensemble: int | str | None = None,
     members: list[str | Path] | None = None,
     memory: list[Path] | str | None = None,
+    memory_entries: int | None = None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
@@ -47,7 +48,8 @@ def calibrate_checkpoint(
     being the mean of all members' maps, each at its own read-out scales (docs/guide/detect.md);
     ``memory`` (detect): normal images (the training images) to fill the detector's memory of normal
     features from, whose distance map is then fused with the members' (Eq. memory fusion), or "none"
-    to drop the memory a detector has; None keeps what it has.
+    to drop the memory a detector has; None keeps what it has; ``memory_entries``: the most entries the
+    coreset keeps (default: tasks.detection.MEMORY_ENTRIES).
     """
     dev = resolve_device(device)
     ck = load_checkpoint(src, dev)
@@ -56,13 +58,16 @@ def calibrate_checkpoint(
             raise ValueError("--member is for detectors: a denoiser has no map to average")
         others = [load_checkpoint(resolve_weights(str(m), ck.config.channels, "detect"), dev) for m in members]
         ck = with_members(ck, others)
+    if memory_entries is not None and (memory is None or memory == "none"):
+        raise ValueError("--memory-entries sizes a memory that --memory fills: give --memory DIR|LIST too")
     if memory is not None:
         if ck.config.task != "detect":
             raise ValueError("--memory is for detectors: a denoiser has no map to fuse")
         if memory == "none":
             ck = replace(ck, memory=None)
         else:
-            ck = replace(ck, memory=build_memory(memory_trunk(ck), memory, ck.config.channels, device=dev))
+            entries = MEMORY_ENTRIES if memory_entries is None else memory_entries
+            ck = replace(ck, memory=build_memory(memory_trunk(ck), memory, ck.config.channels, entries, device=dev))
     if ck.config.task == "detect":
         quantile = QUANTILE if quantile is None else quantile
         ensemble = 1 if ensemble is None else ensemble_setting(ensemble)

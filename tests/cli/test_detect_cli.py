@@ -374,3 +374,32 @@ def test_calibrate_memory_fills_keeps_and_drops_the_feature_memory(tmp_path, run
         bad = tmp_path / "bad.safetensors"
         code, _, err = run_cli("calibrate", "-w", weights, "--data", normal, "--memory", bad_memory, "-o", bad)
         assert code == 2 and len(err.strip().splitlines()) == 1 and not bad.exists(), err
+
+
+def test_calibrate_memory_entries_bounds_the_coreset(tmp_path, run_cli, rng):
+    """`--memory-entries N` keeps at most N entries (all candidates where there are fewer); without
+    --memory, or below 1, it is refused with exit 2 and nothing written."""
+    from conftest import tiny_model
+
+    from indeed_cli.model import read_metadata, save_checkpoint
+
+    det = save_checkpoint(tmp_path / "d.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]})
+    normal = tmp_path / "normal"
+    normal.mkdir()
+    for i in range(3):  # 40 x 48: 5 x 6 stride-8 patches each, a tenth of them (3) candidates: 9
+        write_png(normal / f"{i}.png", rng.integers(90, 160, (40, 48), dtype=np.uint8))
+    for entries, want in ((["--memory-entries", "5"], 5), ([], 9)):
+        out = tmp_path / f"mem{want}.safetensors"
+        code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "--memory", normal, *entries, "-o", out)
+        assert code == 0, err
+        assert read_metadata(out)["memory"]["entries"] == want
+    refused = {  # the arguments, and whether the refusal is our one line (typer words its own range check)
+        ("--memory-entries", "5"): True,
+        ("--memory", "none", "--memory-entries", "5"): True,
+        ("--memory", str(normal), "--memory-entries", "0"): False,
+    }
+    for args, one_line in refused.items():
+        bad = tmp_path / "bad.safetensors"
+        code, _, err = run_cli("calibrate", "-w", det, "--data", normal, *args, "-o", bad)
+        assert code == 2 and not bad.exists(), err
+        assert not one_line or len(err.strip().splitlines()) == 1, err

@@ -19,11 +19,21 @@ from .maps import (
     stored_threshold,
 )
 from .members import with_members
-from .memory import FusionStats, build_memory, distance_map, fuse, greedy_coreset, memory_trunk, stored_fusion
+from .memory import (
+    MEMORY_ENTRIES,
+    FusionStats,
+    build_memory,
+    distance_map,
+    fuse,
+    greedy_coreset,
+    memory_trunk,
+    stored_fusion,
+)
 from .synthesis import PRESETS, AnomalyConfig, synthesize
 
 __all__ = [
     "DEFAULT_SCORE",
+    "MEMORY_ENTRIES",
     "PRESETS",
     "QUANTILE",
     "SCORE_DEFINITIONS",
