@@ -10,6 +10,7 @@ import typer
 
 from ..model import ModelConfig
 from ..pipelines import parse_scales, train
+from ..tasks.detection import MEMORY_ENTRIES
 from ..tasks.training import LossWeights, Recipe, TrainConfig
 
 
@@ -258,6 +259,17 @@ def train_cmd(
             "--ood-samples", metavar="N", help="denoise: noisy training crops for the OOD statistics (0 = skip)."
         ),
     ] = Recipe.ood_samples,
+    memory_entries: Annotated[
+        int | None,
+        typer.Option(
+            "--memory-entries",
+            metavar="N",
+            min=1,
+            help="detect: the most entries the detector's memory of normal features keeps (filled from at "
+            f"most 400 training images after training; default {MEMORY_ENTRIES:,}). More finds more and reads "
+            "out slower.",
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train InDeed on clean images with the paper's loss (resumes from --out if state exists)."""
@@ -321,6 +333,7 @@ def train_cmd(
         init=init,
         model=model,
         ood_samples=ood_samples,
+        memory_entries=memory_entries,
         device=device,
         progress=not quiet,
         log=lambda m: typer.echo(m, err=True),

@@ -46,6 +46,7 @@ def train(
     init: str | None = None,
     model: dict | None = None,
     ood_samples: int | None = None,
+    memory_entries: int | None = None,
     device: str = "auto",
     progress: bool = True,
     log: Callable[[str], None] = print,
@@ -59,13 +60,17 @@ def train(
     ``model`` overrides fields of the recipe's :class:`~indeed_cli.model.ModelConfig`; ``settings``
     override fields of its :class:`~indeed_cli.tasks.training.TrainConfig` (steps, batch, lr,
     time_budget, losses, ...).  ``init``: a checkpoint whose weights start the run (its config is
-    used).  Returns the last log record, with ``model`` (the checkpoint's path) on rank 0.
+    used).  ``memory_entries`` (detect): the most entries of the memory of normal features filled
+    after training (default tasks.detection.MEMORY_ENTRIES).  Returns the last log record, with ``model``
+    (the checkpoint's path) on rank 0.
     """
     try:
         rc = recipe(task)
         tc = rc.train_config(**settings)
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
+    if memory_entries is not None and task != "detect":
+        raise UsageError("--memory-entries is for detectors (--task detect): a denoiser has no memory")
     out = Path(out)
     pyramid = tuple(scales or rc.scales)
     if val_count is None:
@@ -167,7 +172,7 @@ def train(
             memory = memory_sample(paths) if task == "detect" else None
             _, key, cal = calibrate_checkpoint(model_path, model_path, val_paths if task == "detect" else paths,
                                                device, samples, max_seconds=seconds, progress=bar.update,
-                                               memory=memory)  # fmt: skip
+                                               memory=memory, memory_entries=memory_entries)  # fmt: skip
         log(f"{key} threshold {cal['threshold']:.4g} stored in {model_path}")
     warning = barely_trained(task, rec)
     if warning:

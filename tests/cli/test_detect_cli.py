@@ -27,12 +27,15 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
         "8",
         "--steps",
         "3",
+        "--memory-entries",
+        "2",
         "--out",
         tmp_path / "run",
         "-q",
     )
     assert code == 0, err
     meta = read_metadata(tmp_path / "run" / "model.safetensors")
+    assert meta["memory"]["entries"] == 2  # of the 7 candidates of its 3 training images
     assert meta["config"]["task"] == "detect" and meta["config"]["support_width"] == 8
     assert meta["extra"]["detect"]["map"].startswith("q(z = 1)")  # the support posterior is the map
     assert meta["extra"]["detect"]["n_calibration"] == 2 and meta["extra"]["detect"]["threshold"] > 0
@@ -403,3 +406,28 @@ def test_calibrate_memory_entries_bounds_the_coreset(tmp_path, run_cli, rng):
         code, _, err = run_cli("calibrate", "-w", det, "--data", normal, *args, "-o", bad)
         assert code == 2 and not bad.exists(), err
         assert not one_line or len(err.strip().splitlines()) == 1, err
+
+
+def test_train_memory_entries_is_for_detectors(tmp_path, run_cli, rng):
+    """`indeed train --task denoise --memory-entries N`: one line, exit 2, no run folder."""
+    d = tmp_path / "clean"
+    d.mkdir()
+    for i in range(3):
+        write_png(d / f"{i}.png", rng.integers(0, 256, (40, 44), dtype=np.uint8))
+    out = tmp_path / "run"
+    code, _, err = run_cli(
+        "train",
+        "--data",
+        d,
+        "--channels",
+        "1",
+        *TINY_TRAIN,
+        "--steps",
+        "2",
+        "--memory-entries",
+        "5",
+        "--out",
+        out,
+        "-q",
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "detectors" in err and not out.exists(), err
