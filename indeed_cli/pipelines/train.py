@@ -71,6 +71,8 @@ def train(
         raise UsageError(str(e)) from None
     if memory_entries is not None and task != "detect":
         raise UsageError("--memory-entries is for detectors (--task detect): a denoiser has no memory")
+    if memory_entries is not None and memory_entries < 1:  # refused before training, not after it
+        raise UsageError(f"--memory-entries must be at least 1, got {memory_entries}")
     out = Path(out)
     pyramid = tuple(scales or rc.scales)
     if val_count is None:

@@ -1,6 +1,7 @@
 """`indeed train --task detect` then `indeed detect`, end to end on tiny data."""
 
 import numpy as np
+import pytest
 import torch
 from conftest import TINY_TRAIN, package_format_state, write_png
 
@@ -431,3 +432,12 @@ def test_train_memory_entries_is_for_detectors(tmp_path, run_cli, rng):
         "-q",
     )
     assert code == 2 and len(err.strip().splitlines()) == 1 and "detectors" in err and not out.exists(), err
+    from indeed_cli.pipelines import train
+    from indeed_cli.pipelines.inputs import UsageError
+
+    with pytest.raises(UsageError, match="at least 1"):  # the Python API refuses it before training
+        tiny = {"model": {"rank": 4, "sparse_width": 8, "lowrank_width": 8, "support_width": 8}, "patch": 32}
+        train(
+            [d], out, task="detect", channels=1, val_count=1, memory_entries=0, progress=False, steps=1, batch=2, **tiny
+        )
+    assert not out.exists()
