@@ -9,9 +9,8 @@ import typer
 
 from ..model import resolve_weights
 from ..pipelines import calibrate_checkpoint, parse_scales
-from ..tasks.detection import MEMORY_ENTRIES
 from ..tasks.training import list_images
-from .options import Device, Force, Json, Weights
+from .options import Device, Force, Json, MemoryEntries, Weights
 from .runner import CLIError, emit_json
 
 
@@ -84,16 +83,7 @@ def calibrate_cmd(
             "a detector has. Default: keep what the detector has.",
         ),
     ] = None,
-    memory_entries: Annotated[
-        int | None,
-        typer.Option(
-            "--memory-entries",
-            metavar="N",
-            min=1,
-            help="detect, with --memory: the most entries the memory keeps (PatchCore's greedy coreset); "
-            f"more finds more and reads out slower. Default {MEMORY_ENTRIES:,}.",
-        ),
-    ] = None,
+    memory_entries: MemoryEntries = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,

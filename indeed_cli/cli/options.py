@@ -12,6 +12,7 @@ import typer
 
 from ..inference import InferenceOptions
 from ..pipelines import parse_shard, shard_from_env
+from ..tasks.detection import MEMORY_ENTRIES
 from .runner import CLIError, Reporter
 
 Weights = Annotated[
@@ -26,6 +27,17 @@ Weights = Annotated[
     ),
 ]
 Device = Annotated[str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")]
+MemoryEntries = Annotated[
+    int | None,
+    typer.Option(
+        "--memory-entries",
+        metavar="N",
+        min=1,
+        help="detect: the most entries a detector's memory of normal features keeps (PatchCore's greedy "
+        "coreset; calibrate: with --memory; train: filled from at most 400 training images after training). "
+        f"More finds more and reads out slower. Default {MEMORY_ENTRIES:,}.",
+    ),
+]
 Tile = Annotated[int, typer.Option("--tile", metavar="PIXELS", min=16, help="Tile size in pixels (multiple of 8).")]
 Overlap = Annotated[int, typer.Option("--overlap", metavar="PIXELS", min=0, help="Overlap between tiles in pixels.")]
 Batch = Annotated[

@@ -10,8 +10,8 @@ import typer
 
 from ..model import ModelConfig
 from ..pipelines import parse_scales, train
-from ..tasks.detection import MEMORY_ENTRIES
 from ..tasks.training import LossWeights, Recipe, TrainConfig
+from .options import MemoryEntries
 
 
 def train_cmd(
@@ -259,17 +259,7 @@ def train_cmd(
             "--ood-samples", metavar="N", help="denoise: noisy training crops for the OOD statistics (0 = skip)."
         ),
     ] = Recipe.ood_samples,
-    memory_entries: Annotated[
-        int | None,
-        typer.Option(
-            "--memory-entries",
-            metavar="N",
-            min=1,
-            help="detect: the most entries the detector's memory of normal features keeps (filled from at "
-            f"most 400 training images after training; default {MEMORY_ENTRIES:,}). More finds more and reads "
-            "out slower.",
-        ),
-    ] = None,
+    memory_entries: MemoryEntries = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train InDeed on clean images with the paper's loss (resumes from --out if state exists)."""
