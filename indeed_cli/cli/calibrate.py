@@ -10,7 +10,7 @@ import typer
 from ..model import resolve_weights
 from ..pipelines import calibrate_checkpoint, parse_scales
 from ..tasks.training import list_images
-from .options import Device, Force, Json, MemoryEntries, Weights
+from .options import Device, Force, Json, MemoryBits, MemoryEntries, Weights
 from .runner import CLIError, emit_json
 
 
@@ -84,6 +84,7 @@ def calibrate_cmd(
         ),
     ] = None,
     memory_entries: MemoryEntries = None,
+    memory_bits: MemoryBits = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,
@@ -124,6 +125,7 @@ def calibrate_cmd(
             members=member,
             memory=memory_images,
             memory_entries=memory_entries,
+            memory_bits=memory_bits,
         )
     except ValueError as e:
         raise CLIError(str(e)) from None

@@ -38,6 +38,15 @@ MemoryEntries = Annotated[
         f"More finds more and reads out slower. Default {MEMORY_ENTRIES:,}.",
     ),
 ]
+MemoryBits = Annotated[
+    int | None,
+    typer.Option(
+        "--memory-bits",
+        metavar="8|4",
+        help="detect: the bits per value the file stores its memory's bank in (calibrate: with --memory). "
+        "4 holds twice the entries in the same bytes, a little less exactly. Default 8.",
+    ),
+]
 Tile = Annotated[int, typer.Option("--tile", metavar="PIXELS", min=16, help="Tile size in pixels (multiple of 8).")]
 Overlap = Annotated[int, typer.Option("--overlap", metavar="PIXELS", min=0, help="Overlap between tiles in pixels.")]
 Batch = Annotated[

@@ -11,7 +11,7 @@ import typer
 from ..model import ModelConfig
 from ..pipelines import parse_scales, train
 from ..tasks.training import LossWeights, Recipe, TrainConfig
-from .options import MemoryEntries
+from .options import MemoryBits, MemoryEntries
 
 
 def train_cmd(
@@ -260,6 +260,7 @@ def train_cmd(
         ),
     ] = Recipe.ood_samples,
     memory_entries: MemoryEntries = None,
+    memory_bits: MemoryBits = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train InDeed on clean images with the paper's loss (resumes from --out if state exists)."""
@@ -324,6 +325,7 @@ def train_cmd(
         model=model,
         ood_samples=ood_samples,
         memory_entries=memory_entries,
+        memory_bits=memory_bits,
         device=device,
         progress=not quiet,
         log=lambda m: typer.echo(m, err=True),

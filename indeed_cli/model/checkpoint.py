@@ -13,7 +13,9 @@ detector may hold further members, whole networks of their own whose support map
 with the first's (format_version "3"; metadata ``members``, tensors ``member<k>.<name>``), and a
 memory of normal image features (:mod:`.memory`; format_version "4"; metadata ``memory``, tensors
 ``memory.bank_t`` (int8, by feature channel, with its scales), ``memory.density`` and ``memory.trunk.<name>`` unless a
-network of the file holds the same trunk as f_thetaM's features).
+network of the file holds the same trunk as f_thetaM's features). A memory whose bank is stored in
+4 bits (metadata ``memory.bits`` 4) holds ``memory.bank_t4`` instead, two values a byte with each
+feature channel's minimum and step (format_version "5").
 
 Where a ``--weights`` value points (bundled names, paths, the Hub): :mod:`.registry`.
 """
@@ -42,12 +44,18 @@ MEMBERS_FORMAT_VERSION = 3
 # the version of files that hold a detector's memory of normal features (below): readers of versions
 # 1 to 3 would refuse its tensors as not matching the config, without saying why
 MEMORY_FORMAT_VERSION = 4
+# the version of files whose memory bank is stored in 4 bits: readers of version 4 would call the
+# memory damaged (no int8 bank) instead of saying that the file is newer than they are
+BANK4_FORMAT_VERSION = 5
 READABLE_VERSIONS = tuple(
-    str(v) for v in (FORMAT_VERSION, INT8_FORMAT_VERSION, MEMBERS_FORMAT_VERSION, MEMORY_FORMAT_VERSION)
+    str(v)
+    for v in (FORMAT_VERSION, INT8_FORMAT_VERSION, MEMBERS_FORMAT_VERSION, MEMORY_FORMAT_VERSION, BANK4_FORMAT_VERSION)
 )
 MEMBER_PREFIX = "member"
 MEMORY_PREFIX = "memory."
 INT8_SCALE_SUFFIX = ".int8_scale"
+# a 4-bit bank's tensors: the packed codes, and each feature channel's minimum and step
+BANK4, BANK4_MIN_SUFFIX, BANK4_STEP_SUFFIX = "bank_t4", ".q4_min", ".q4_step"
 # convolutions of at least this many weights may be stored in int8: in the gray denoiser these are
 # the 8 bottleneck convolutions (256 x 256 x 3 x 3), 9.4 of its 16.2 MB in float16; int8 there moved
 # mean PSNR on Set12 and BSD68 by at most 0.001 dB at sigma 15/25/50, int8 in every convolution of
@@ -113,7 +121,8 @@ def save_checkpoint(
         shared = _shared_trunk(memory, [model, *(m.model for m in members)])
         tensors.update(_memory_tensors(memory, dtype, with_trunk=shared is None))
     version = (
-        MEMORY_FORMAT_VERSION if memory is not None
+        BANK4_FORMAT_VERSION if memory is not None and memory.bits == 4
+        else MEMORY_FORMAT_VERSION if memory is not None
         else MEMBERS_FORMAT_VERSION if members else INT8_FORMAT_VERSION if int8 else FORMAT_VERSION
     )  # fmt: skip
     meta = {
@@ -132,6 +141,8 @@ def save_checkpoint(
         meta["members"] = json.dumps(described, sort_keys=True)
     if memory is not None:
         described = {"features": memory.name, "entries": memory.entries}
+        if memory.bits != 8:  # 8-bit files say nothing, as they did before there was a choice
+            described["bits"] = memory.bits
         if shared is not None:
             described["trunk"] = shared
         meta["memory"] = json.dumps(described, sort_keys=True)
@@ -153,24 +164,34 @@ def _shared_trunk(memory: FeatureMemory, networks: list[InDeed]) -> str | None:
     return None
 
 
-def _bank_int8(bank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A memory bank (entries, 152) as stored: its transpose in int8, one scale per feature channel."""
-    return quantize_int8(bank.detach().to("cpu").T)
-
-
-def stored_bank(bank: torch.Tensor) -> torch.Tensor:
-    """A memory bank as a file stores and gives it back (int8 by feature channel, dequantised), so
+def stored_bank(bank: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """A memory bank (entries, 152) as a file stores and gives it back in ``bits`` per value (int8
+    by feature channel, :func:`quantize_int8`, or 4 bits, :func:`quantize_4bit`), dequantised, so
     that statistics learned on it hold for the saved file."""
-    return dequantize_int8(*_bank_int8(bank)).T.contiguous().to(bank.device)
+    t = bank.detach().to("cpu").T
+    if bits == 8:
+        back = dequantize_int8(*quantize_int8(t))
+    elif bits == 4:
+        back = dequantize_4bit(*quantize_4bit(t), count=t.shape[1])
+    else:
+        raise ValueError(f"a memory bank is stored in 8 or 4 bits, not {bits}")
+    return back.T.contiguous().to(bank.device)
 
 
 def _memory_tensors(memory: FeatureMemory, dtype: torch.dtype, with_trunk: bool) -> dict[str, torch.Tensor]:
-    """The memory as stored: its bank in int8 with one float16 scale per feature channel (the bank
-    is most of the memory's size; :func:`quantize_int8` on its transpose), its trunk in ``dtype``
-    unless another network of the file holds the same trunk, its density radii in float32."""
-    q, scale = _bank_int8(memory.bank)
-    out = {MEMORY_PREFIX + "bank_t": q, MEMORY_PREFIX + "bank_t" + INT8_SCALE_SUFFIX: scale,
-           MEMORY_PREFIX + "density": memory.density.detach().to("cpu", torch.float32).contiguous()}  # fmt: skip
+    """The memory as stored: its bank by feature channel (the bank is most of the memory's size) in
+    int8 with one float16 scale per channel (:func:`quantize_int8` on its transpose) or in 4 bits
+    (:func:`quantize_4bit`) as ``memory.bits`` says, its trunk in ``dtype`` unless another network
+    of the file holds the same trunk, its density radii in float32."""
+    t = memory.bank.detach().to("cpu").T
+    if memory.bits == 4:
+        codes, low, step = quantize_4bit(t)
+        out = {MEMORY_PREFIX + BANK4: codes, MEMORY_PREFIX + BANK4 + BANK4_MIN_SUFFIX: low,
+               MEMORY_PREFIX + BANK4 + BANK4_STEP_SUFFIX: step}  # fmt: skip
+    else:
+        q, scale = quantize_int8(t)
+        out = {MEMORY_PREFIX + "bank_t": q, MEMORY_PREFIX + "bank_t" + INT8_SCALE_SUFFIX: scale}
+    out[MEMORY_PREFIX + "density"] = memory.density.detach().to("cpu", torch.float32).contiguous()
     if with_trunk:
         out.update({f"{MEMORY_PREFIX}trunk.{n}": v.detach().to("cpu", dtype).contiguous()
                     for n, v in memory.trunk.state_dict().items()})  # fmt: skip
@@ -222,6 +243,26 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """float32 weights from :func:`quantize_int8`'s int8 values and per-output-channel scales."""
     return q.float() * scale.float().view(-1, *([1] * (q.dim() - 1)))
+
+
+def quantize_4bit(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eq. (4-bit bank) of docs/model.md, asymmetric 4 bits per row of a (rows, n) tensor (a memory
+    bank by feature channel): q = round((x - lo) / s) in 0..15, with lo the row's minimum and
+    s = (max - lo) / 15, both kept in float16; two codes a byte (the even column
+    in the low half), a last odd column padded. Returns (codes (rows, ceil(n/2)) uint8, lo, s)."""
+    x = rows.float()
+    low = x.amin(1).half()
+    step = ((x.amax(1) - low.float()) / 15).clamp_min(1e-7).half()
+    q = ((x - low.float()[:, None]) / step.float()[:, None]).round().clamp(0, 15).to(torch.uint8)
+    if q.shape[1] % 2:
+        q = torch.cat([q, torch.zeros_like(q[:, :1])], 1)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous(), low.contiguous(), step.contiguous()
+
+
+def dequantize_4bit(codes: torch.Tensor, low: torch.Tensor, step: torch.Tensor, count: int) -> torch.Tensor:
+    """The float32 (rows, count) tensor of :func:`quantize_4bit`'s codes, Eq. (4-bit bank): lo + q s."""
+    q = torch.stack([codes & 15, codes >> 4], -1).flatten(1)[:, :count]
+    return q.float() * step.float()[:, None] + low.float()[:, None]
 
 
 def _dequantized(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -307,7 +348,14 @@ def _memory(
     if described is None and not state:
         return None
     try:
-        memory = FeatureMemory(int(described["entries"]), described["features"])
+        entries, bits = int(described["entries"]), int(described.get("bits", 8))
+        memory = FeatureMemory(entries, described["features"], bits)
+        if bits == 4:
+            codes = state.pop(BANK4)
+            low, step = state.pop(BANK4 + BANK4_MIN_SUFFIX), state.pop(BANK4 + BANK4_STEP_SUFFIX)
+            if codes.dtype != torch.uint8 or codes.shape[1] != -(-entries // 2):
+                raise ValueError(f"a 4-bit bank of {entries} entries has codes of shape {tuple(codes.shape)}")
+            state["bank_t"] = dequantize_4bit(codes, low, step, entries)
         state = {("bank" if k == "bank_t" else k): (v.T if k == "bank_t" else v) for k, v in state.items()}
         if "trunk" in described:
             trunk = networks[int(described["trunk"])].support.features.state_dict()

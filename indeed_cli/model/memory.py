@@ -33,6 +33,10 @@ QUERY_CHUNK = 512
 # On the magnetic-tile development set (the bundled pair's memory) 1, 3 and 9 gave image AUROC
 # 0.843, 0.846 and 0.849 fused, against 0.818 with the plain distance (docs/reports/2026-12-01-feature-memory.md)
 DENSITY_NEIGHBOURS = 3
+# the precisions a checkpoint may store the bank in, bits per value (indeed_cli.model.checkpoint):
+# 8 (int8, one scale per feature channel) or 4 (16 levels between each channel's minimum and
+# maximum, two values a byte), which holds twice the entries in the same bytes
+BANK_BITS = (8, 4)
 
 
 @torch.no_grad()
@@ -62,13 +66,18 @@ def bank_density(bank: Tensor, neighbours: int = DENSITY_NEIGHBOURS) -> Tensor:
 
 
 class FeatureMemory(nn.Module):
-    """The frozen trunk and the memory ``bank`` (entries, 152) of normal patch features."""
+    """The frozen trunk and the memory ``bank`` (entries, 152) of normal patch features; ``bits``:
+    the precision a checkpoint stores the bank in (:data:`BANK_BITS`), which the bank is already
+    rounded to where :func:`~indeed_cli.tasks.detection.memory.build_memory` filled it."""
 
-    def __init__(self, entries: int, name: str = "efficientnet-lite0"):
+    def __init__(self, entries: int, name: str = "efficientnet-lite0", bits: int = 8):
         super().__init__()
         if name != "efficientnet-lite0":
             raise ValueError(f"unknown feature trunk {name!r}: efficientnet-lite0 is the one there is")
+        if bits not in BANK_BITS:
+            raise ValueError(f"a memory bank is stored in {' or '.join(map(str, BANK_BITS))} bits, not {bits}")
         self.name = name
+        self.bits = bits
         self.trunk = EfficientNetLite0Trunk().requires_grad_(False)
         self.register_buffer("bank", torch.zeros(entries, FEATURE_CHANNELS))
         # Eq. (memory density) of each entry; ones: the plain nearest distance

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..inference import resolve_device
 from ..model import load_checkpoint, resolve_weights, save_checkpoint
+from ..model.memory import BANK_BITS
 from ..tasks.detection import MEMORY_ENTRIES, QUANTILE, build_memory, calibrate, memory_trunk, with_members
 from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
@@ -34,6 +35,7 @@ def calibrate_checkpoint(
     members: list[str | Path] | None = None,
     memory: list[Path] | str | None = None,
     memory_entries: int | None = None,
+    memory_bits: int | None = None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
@@ -49,8 +51,11 @@ def calibrate_checkpoint(
     ``memory`` (detect): normal images (the training images) to fill the detector's memory of normal
     features from, whose distance map is then fused with the members' (Eq. memory fusion), or "none"
     to drop the memory a detector has; None keeps what it has; ``memory_entries``: the most entries the
-    coreset keeps (default: tasks.detection.MEMORY_ENTRIES).
+    coreset keeps (default: tasks.detection.MEMORY_ENTRIES); ``memory_bits``: the bits per value the
+    file stores that memory's bank in, 8 (default) or 4 (twice the entries in the same bytes).
     """
+    if memory_bits is not None and memory_bits not in BANK_BITS:
+        raise ValueError(f"--memory-bits must be {' or '.join(map(str, BANK_BITS))}, got {memory_bits}")
     dev = resolve_device(device)
     ck = load_checkpoint(src, dev)
     if members:
@@ -58,8 +63,9 @@ def calibrate_checkpoint(
             raise ValueError("--member is for detectors: a denoiser has no map to average")
         others = [load_checkpoint(resolve_weights(str(m), ck.config.channels, "detect"), dev) for m in members]
         ck = with_members(ck, others)
-    if memory_entries is not None and (memory is None or memory == "none"):
-        raise ValueError("--memory-entries sizes a memory that --memory fills: give --memory DIR|LIST too")
+    for option, given in (("--memory-entries", memory_entries), ("--memory-bits", memory_bits)):
+        if given is not None and (memory is None or memory == "none"):
+            raise ValueError(f"{option} shapes a memory that --memory fills: give --memory DIR|LIST too")
     if memory is not None:
         if ck.config.task != "detect":
             raise ValueError("--memory is for detectors: a denoiser has no map to fuse")
@@ -67,7 +73,9 @@ def calibrate_checkpoint(
             ck = replace(ck, memory=None)
         else:
             entries = MEMORY_ENTRIES if memory_entries is None else memory_entries
-            ck = replace(ck, memory=build_memory(memory_trunk(ck), memory, ck.config.channels, entries, device=dev))
+            bits = 8 if memory_bits is None else memory_bits
+            filled = build_memory(memory_trunk(ck), memory, ck.config.channels, entries, device=dev, bits=bits)
+            ck = replace(ck, memory=filled)
     if ck.config.task == "detect":
         quantile = QUANTILE if quantile is None else quantile
         ensemble = 1 if ensemble is None else ensemble_setting(ensemble)

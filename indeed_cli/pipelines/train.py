@@ -15,6 +15,7 @@ from tqdm import tqdm
 from ..model import CheckpointError, ModelConfig, read_metadata, resolve_weights
 from ..model.checkpoint import read_feature_trunk
 from ..model.config import fine_tune_config
+from ..model.memory import BANK_BITS
 from ..model.registry import resolve_feature_weights
 from ..tasks.detection import PRESETS
 from ..tasks.detection.memory import memory_sample
@@ -47,6 +48,7 @@ def train(
     model: dict | None = None,
     ood_samples: int | None = None,
     memory_entries: int | None = None,
+    memory_bits: int | None = None,
     device: str = "auto",
     progress: bool = True,
     log: Callable[[str], None] = print,
@@ -61,7 +63,8 @@ def train(
     override fields of its :class:`~indeed_cli.tasks.training.TrainConfig` (steps, batch, lr,
     time_budget, losses, ...).  ``init``: a checkpoint whose weights start the run (its config is
     used).  ``memory_entries`` (detect): the most entries of the memory of normal features filled
-    after training (default tasks.detection.MEMORY_ENTRIES).  Returns the last log record, with ``model``
+    after training (default tasks.detection.MEMORY_ENTRIES); ``memory_bits`` (detect): the bits per
+    value its bank is stored in, 8 (default) or 4 (half the bytes).  Returns the last log record, with ``model``
     (the checkpoint's path) on rank 0.
     """
     try:
@@ -71,8 +74,13 @@ def train(
         raise UsageError(str(e)) from None
     if memory_entries is not None and task != "detect":
         raise UsageError("--memory-entries is for detectors (--task detect): a denoiser has no memory")
-    if memory_entries is not None and memory_entries < 1:  # refused before training, not after it
+    if memory_bits is not None and task != "detect":
+        raise UsageError("--memory-bits is for detectors (--task detect): a denoiser has no memory")
+    # refused before training, not after it
+    if memory_entries is not None and memory_entries < 1:
         raise UsageError(f"--memory-entries must be at least 1, got {memory_entries}")
+    if memory_bits is not None and memory_bits not in BANK_BITS:
+        raise UsageError(f"--memory-bits must be {' or '.join(map(str, BANK_BITS))}, got {memory_bits}")
     out = Path(out)
     pyramid = tuple(scales or rc.scales)
     if val_count is None:
@@ -174,7 +182,8 @@ def train(
             memory = memory_sample(paths) if task == "detect" else None
             _, key, cal = calibrate_checkpoint(model_path, model_path, val_paths if task == "detect" else paths,
                                                device, samples, max_seconds=seconds, progress=bar.update,
-                                               memory=memory, memory_entries=memory_entries)  # fmt: skip
+                                               memory=memory, memory_entries=memory_entries,
+                                               memory_bits=memory_bits)  # fmt: skip
         log(f"{key} threshold {cal['threshold']:.4g} stored in {model_path}")
     warning = barely_trained(task, rec)
     if warning:

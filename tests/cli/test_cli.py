@@ -240,7 +240,10 @@ def test_models_shows_deployment_thresholds(run_cli, tmp_path, monkeypatch):
     from indeed_cli.model.memory import FeatureMemory
 
     save_checkpoint(
-        wdir / "pair.safetensors", pair.model, members=with_members(pair, [pair]).members, memory=FeatureMemory(3)
+        wdir / "pair.safetensors",
+        pair.model,
+        members=with_members(pair, [pair]).members,
+        memory=FeatureMemory(3, bits=4),
     )
     monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(wdir))
     monkeypatch.setenv("COLUMNS", "250")  # rich would otherwise shorten the cells
@@ -249,6 +252,7 @@ def test_models_shows_deployment_thresholds(run_cli, tmp_path, monkeypatch):
     assert code == 0 and set(rows) == {"den", "det", "raw", "pair"}
     assert (rows["det"]["members"], rows["pair"]["members"]) == (1, 2)
     assert (rows["det"]["memory_entries"], rows["pair"]["memory_entries"]) == (None, 3)
+    assert (rows["det"]["memory_bits"], rows["pair"]["memory_bits"]) == (None, 4)
     assert (rows["den"]["ood_threshold"], rows["den"]["detect_threshold"]) == (0.25, None)
     assert (rows["det"]["ood_threshold"], rows["det"]["detect_threshold"]) == (None, 0.5)
     assert rows["raw"]["ood_threshold"] is None and "points" not in out

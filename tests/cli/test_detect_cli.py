@@ -381,26 +381,30 @@ def test_calibrate_memory_fills_keeps_and_drops_the_feature_memory(tmp_path, run
 
 
 def test_calibrate_memory_entries_bounds_the_coreset(tmp_path, run_cli, rng):
-    """`--memory-entries N` keeps at most N entries (all candidates where there are fewer); without
-    --memory, or below 1, it is refused with exit 2 and nothing written."""
+    """`--memory-entries N` keeps at most N entries (all candidates where there are fewer), and
+    `--memory-bits 4` stores them in 4 bits; without --memory, or out of range, each is refused
+    with exit 2 and nothing written."""
     from conftest import tiny_model
 
-    from indeed_cli.model import read_metadata, save_checkpoint
+    from indeed_cli.model import load_checkpoint, read_metadata, save_checkpoint
 
     det = save_checkpoint(tmp_path / "d.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]})
     normal = tmp_path / "normal"
     normal.mkdir()
     for i in range(3):  # 40 x 48: 5 x 6 stride-8 patches each, a tenth of them (3) candidates: 9
         write_png(normal / f"{i}.png", rng.integers(90, 160, (40, 48), dtype=np.uint8))
-    for entries, want in ((["--memory-entries", "5"], 5), ([], 9)):
-        out = tmp_path / f"mem{want}.safetensors"
+    for entries, want in ((["--memory-entries", "5"], 5), ([], 9), (["--memory-bits", "4"], 9)):
+        out = tmp_path / f"mem{want}{len(entries)}.safetensors"
         code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "--memory", normal, *entries, "-o", out)
         assert code == 0, err
         assert read_metadata(out)["memory"]["entries"] == want
+        assert load_checkpoint(out).memory.bits == (4 if "--memory-bits" in entries else 8)
     refused = {  # the arguments, and whether the refusal is our one line (typer words its own range check)
         ("--memory-entries", "5"): True,
         ("--memory", "none", "--memory-entries", "5"): True,
         ("--memory", str(normal), "--memory-entries", "0"): False,
+        ("--memory-bits", "4"): True,
+        ("--memory", str(normal), "--memory-bits", "5"): True,
     }
     for args, one_line in refused.items():
         bad = tmp_path / "bad.safetensors"
@@ -432,6 +436,9 @@ def test_train_memory_entries_is_for_detectors(tmp_path, run_cli, rng):
         "-q",
     )
     assert code == 2 and len(err.strip().splitlines()) == 1 and "detectors" in err and not out.exists(), err
+    code, _, err = run_cli("train", "--data", d, "--channels", "1", *TINY_TRAIN, "--steps", "2", "--memory-bits", "4",
+                           "--out", out, "-q")  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "detectors" in err and not out.exists(), err
     from indeed_cli.pipelines import train
     from indeed_cli.pipelines.inputs import UsageError
 
@@ -440,4 +447,6 @@ def test_train_memory_entries_is_for_detectors(tmp_path, run_cli, rng):
         train(
             [d], out, task="detect", channels=1, val_count=1, memory_entries=0, progress=False, steps=1, batch=2, **tiny
         )
+    with pytest.raises(UsageError, match="8 or 4"):
+        train([d], out, task="detect", channels=1, val_count=1, memory_bits=5, progress=False, steps=1, batch=2, **tiny)
     assert not out.exists()

@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_model
 
 from indeed_cli.model import CheckpointError, load_checkpoint, read_metadata, save_checkpoint
-from indeed_cli.model.checkpoint import read_feature_trunk, stored_bank
+from indeed_cli.model.checkpoint import dequantize_4bit, quantize_4bit, read_feature_trunk, stored_bank
 from indeed_cli.model.memory import bank_density
 from indeed_cli.model.registry import resolve_feature_weights
 from indeed_cli.tasks.detection import build_memory, calibrate, distance_map, fuse, greedy_coreset, stored_fusion
@@ -133,6 +133,65 @@ def test_checkpoint_round_trip_with_a_memory(tmp_path, rng):
     save_file(load_file(str(plain)), str(tmp_path / "bad.safetensors"), metadata=bad_meta)
     with pytest.raises(CheckpointError, match="feature memory"):
         load_checkpoint(tmp_path / "bad.safetensors")
+
+
+def test_four_bit_bank_is_its_channels_sixteen_levels_packed_two_a_byte(rng):
+    """quantize_4bit against a direct computation: 16 levels from each row's minimum to its maximum,
+    codes packed two a byte (an odd count padded), given back to half a step."""
+    rows = torch.from_numpy(rng.normal(size=(5, 9)).astype(np.float32)) * torch.tensor([[1.0], [3], [0.1], [10], [1]])
+    rows[4] = 0.25  # a constant channel: every value is its minimum
+    codes, low, step = quantize_4bit(rows)
+    assert codes.dtype == torch.uint8 and codes.shape == (5, 5) and low.dtype == step.dtype == torch.float16
+    lo, hi = rows.amin(1), rows.amax(1)
+    assert torch.allclose(low.float(), lo, rtol=1e-3) and torch.allclose(
+        step[:4].float(), (hi - lo)[:4] / 15, rtol=1e-3
+    )
+    want = ((rows - low.float()[:, None]) / step.float()[:, None]).round().clamp(0, 15)
+    assert torch.equal((codes[:, :4] & 15).float(), want[:, 0:8:2]) and torch.equal(
+        (codes[:, :4] >> 4).float(), want[:, 1:8:2]
+    )
+    assert torch.equal((codes[:, 4] & 15).float(), want[:, 8]) and not (codes[:, 4] >> 4).any()  # the pad
+    back = dequantize_4bit(codes, low, step, 9)
+    assert back.shape == rows.shape and ((back - rows).abs() <= 0.5 * step.float()[:, None] * 1.01 + 1e-6).all()
+    assert torch.equal(back[4], torch.full((9,), 0.25))
+    # rounding what is already rounded changes nothing
+    bank = torch.from_numpy(rng.normal(size=(33, 152)).astype(np.float32))
+    once = stored_bank(bank, 4)
+    assert torch.equal(stored_bank(once, 4), once) and not torch.equal(once, bank)
+    assert len(torch.unique(once[:, 0])) <= 16
+    with pytest.raises(ValueError):
+        stored_bank(bank, 6)
+
+
+def test_four_bit_memory_round_trip_holds_its_entries_in_half_the_bytes(tmp_path, rng):
+    """A memory built in 4 bits: the file (format version 5, metadata bits 4) gives back the bank
+    and the distances that were built, its bank taking half the bytes of the int8 one."""
+    from safetensors import safe_open
+
+    model = tiny_model(1, task="detect", support_width=8)
+    imgs = [rng.random((1, 48, 56), dtype=np.float32)]  # 6 x 7 = 42 entries; odd counts are tested above
+    sizes = {}
+    for bits in (8, 4):
+        mem = build_memory(bundled_trunk(), imgs, 1, share=1.0, bits=bits)
+        assert mem.bits == bits and torch.equal(stored_bank(mem.bank, bits), mem.bank)
+        p = save_checkpoint(tmp_path / f"m{bits}.safetensors", model, {}, {}, memory=mem)
+        with safe_open(str(p), "pt") as f:
+            version = f.metadata()["format_version"]
+            sizes[bits] = sum(
+                f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys() if "bank_t" in k
+            )
+        ck = load_checkpoint(p)
+        assert version == {8: "4", 4: "5"}[bits] and ck.memory.bits == bits
+        assert read_metadata(p)["memory"].get("bits", 8) == bits
+        assert torch.equal(ck.memory.bank, mem.bank) and torch.equal(ck.memory.density, mem.density)
+        img = torch.from_numpy(rng.random((1, 1, 40, 40), dtype=np.float32))
+        assert torch.allclose(ck.memory.distance(img), mem.distance(img), atol=1e-4)
+        again = save_checkpoint(tmp_path / f"again{bits}.safetensors", ck.model, {}, {}, memory=ck.memory)
+        assert torch.equal(load_checkpoint(again).memory.bank, mem.bank)  # rewriting keeps the form
+    # 42 x 152 codes: int8 one byte each plus a float16 scale per channel; 4 bits half a byte plus two
+    assert sizes == {8: 42 * 152 + 2 * 152, 4: 21 * 152 + 4 * 152}
+    with pytest.raises(ValueError):
+        build_memory(bundled_trunk(), imgs, 1, bits=2)
 
 
 def test_calibrated_detector_maps_the_fusion_computed_directly(tmp_path, rng):

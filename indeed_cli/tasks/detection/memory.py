@@ -24,7 +24,7 @@ import torch
 from ...inference import as_image, training_channels
 from ...model import Checkpoint
 from ...model.checkpoint import read_feature_trunk, stored_bank
-from ...model.memory import FeatureMemory, bank_density
+from ...model.memory import BANK_BITS, FeatureMemory, bank_density
 from ...model.registry import resolve_feature_weights
 from .filters import gaussian_blur, resize
 
@@ -34,8 +34,8 @@ from .filters import gaussian_blur, resize
 # docs/reports/2026-12-01-feature-memory.md) 28,672 entries scored above 14,336 in pixel AUROC, pixel AP
 # and image AUROC on both halves, and above all 67,167 candidates kept (no coreset) in pixel AUROC; a
 # random draw of 14,336 scored 0.012 image AUROC below the coreset.  Search time grows with the entries.
-# The bundled detector was filled with 14,336 (`--memory-entries`; 2.2 MB in int8), which holds its file
-# under the 16 MB a bundled file may take.
+# The bundled detector holds 28,672 in 4 bits (`--memory-entries`, `--memory-bits`; 2.2 MB, as 14,336 take
+# in int8), which holds its file under the 16 MB a bundled file may take.
 MEMORY_SHARE, MEMORY_ENTRIES, CORESET_DIMS = 0.1, 28672, 128
 # a new detector's memory is filled from at most this many of its training images, evenly spaced
 # (the PatchCore peer of the issue used 400)
@@ -72,11 +72,14 @@ def build_memory(
     seed: int = 0,
     device: str | torch.device = "cpu",
     progress=None,
+    bits: int = 8,
 ) -> FeatureMemory:
     """A memory of the patch features of ``normal_images`` (paths, arrays or images, as a detector of
     ``channels`` channels sees them: luma for a gray one): ``share`` of each image's drawn at random
     with ``seed``, then at most ``entries`` of them chosen by :func:`greedy_coreset`, rounded as a
-    checkpoint stores them."""
+    checkpoint stores them in ``bits`` per value (8 or 4; :data:`~indeed_cli.model.memory.BANK_BITS`)."""
+    if bits not in BANK_BITS:
+        raise ValueError(f"a memory bank is stored in {' or '.join(map(str, BANK_BITS))} bits, not {bits}")
     if not 0 < share <= 1:
         raise ValueError(f"memory share must be in (0, 1], got {share:g}")
     if entries < 1:
@@ -93,9 +96,9 @@ def build_memory(
     if not parts:
         raise ValueError("a feature memory needs at least one normal image")
     bank = greedy_coreset(torch.cat(parts).to(device), entries, gen).cpu()
-    memory = FeatureMemory(len(bank))
+    memory = FeatureMemory(len(bank), bits=bits)
     memory.trunk.load_state_dict(probe.trunk.state_dict())
-    memory.bank.copy_(stored_bank(bank))  # as a checkpoint will hold it (int8), so its statistics hold there
+    memory.bank.copy_(stored_bank(bank, bits))  # as a checkpoint will hold it, so its statistics hold there
     memory.density.copy_(bank_density(memory.bank.to(device)).cpu())
     return memory.to(device).eval()
 
