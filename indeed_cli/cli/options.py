@@ -43,8 +43,9 @@ MemoryBits = Annotated[
     typer.Option(
         "--memory-bits",
         metavar="8|4",
-        help="detect: the bits per value the file stores its memory's bank in (calibrate: with --memory). "
-        "4 holds twice the entries in the same bytes, a little less exactly. Default 8.",
+        help="detect: the bits per value the file stores its memory's bank in (calibrate: the memory --memory "
+        "fills, else the one the detector has). 4 holds twice the entries in the same bytes, a little less "
+        "exactly. Default 8.",
     ),
 ]
 Tile = Annotated[int, typer.Option("--tile", metavar="PIXELS", min=16, help="Tile size in pixels (multiple of 8).")]

@@ -13,7 +13,15 @@ from pathlib import Path
 from ..inference import resolve_device
 from ..model import load_checkpoint, resolve_weights, save_checkpoint
 from ..model.memory import BANK_BITS
-from ..tasks.detection import MEMORY_ENTRIES, QUANTILE, build_memory, calibrate, memory_trunk, with_members
+from ..tasks.detection import (
+    MEMORY_ENTRIES,
+    QUANTILE,
+    build_memory,
+    calibrate,
+    memory_trunk,
+    rebanked,
+    with_members,
+)
 from ..tasks.ood import DEFAULT_QUANTILE, calibrate_ood
 from ..tasks.training import load_images
 from .inputs import ensemble_setting
@@ -52,7 +60,8 @@ def calibrate_checkpoint(
     features from, whose distance map is then fused with the members' (Eq. memory fusion), or "none"
     to drop the memory a detector has; None keeps what it has; ``memory_entries``: the most entries the
     coreset keeps (default: tasks.detection.MEMORY_ENTRIES); ``memory_bits``: the bits per value the
-    file stores that memory's bank in, 8 (default) or 4 (twice the entries in the same bytes).
+    file stores that memory's bank in, 8 (default) or 4 (twice the entries in the same bytes); without
+    ``memory``, the memory the detector has is stored anew in them (:func:`rebanked`).
     """
     if memory_bits is not None and memory_bits not in BANK_BITS:
         raise ValueError(f"--memory-bits must be {' or '.join(map(str, BANK_BITS))}, got {memory_bits}")
@@ -63,9 +72,17 @@ def calibrate_checkpoint(
             raise ValueError("--member is for detectors: a denoiser has no map to average")
         others = [load_checkpoint(resolve_weights(str(m), ck.config.channels, "detect"), dev) for m in members]
         ck = with_members(ck, others)
-    for option, given in (("--memory-entries", memory_entries), ("--memory-bits", memory_bits)):
-        if given is not None and (memory is None or memory == "none"):
-            raise ValueError(f"{option} shapes a memory that --memory fills: give --memory DIR|LIST too")
+    if memory_entries is not None and (memory is None or memory == "none"):
+        raise ValueError("--memory-entries sizes a memory that --memory fills: give --memory DIR|LIST too")
+    if memory_bits is not None and memory == "none":
+        raise ValueError("--memory-bits stores a memory, and --memory none drops it: give one of them")
+    if memory_bits is not None and memory is None:
+        # the memory the detector has, stored anew (a 28,672-entry int8 memory halves without its images)
+        if ck.config.task != "detect":
+            raise ValueError("--memory-bits is for detectors: a denoiser has no memory")
+        if ck.memory is None:
+            raise ValueError("--memory-bits: this detector has no memory to store; fill one with --memory DIR|LIST")
+        ck = replace(ck, memory=rebanked(ck.memory, memory_bits))
     if memory is not None:
         if ck.config.task != "detect":
             raise ValueError("--memory is for detectors: a denoiser has no map to fuse")

@@ -382,11 +382,14 @@ def test_calibrate_memory_fills_keeps_and_drops_the_feature_memory(tmp_path, run
 
 def test_calibrate_memory_entries_bounds_the_coreset(tmp_path, run_cli, rng):
     """`--memory-entries N` keeps at most N entries (all candidates where there are fewer), and
-    `--memory-bits 4` stores them in 4 bits; without --memory, or out of range, each is refused
-    with exit 2 and nothing written."""
+    `--memory-bits 4` stores them in 4 bits, or without --memory the memory the detector has;
+    `--memory-entries` without --memory, `--memory-bits` without a memory to store, and values out
+    of range are refused with exit 2 and nothing written."""
     from conftest import tiny_model
 
     from indeed_cli.model import load_checkpoint, read_metadata, save_checkpoint
+    from indeed_cli.model.checkpoint import stored_bank
+    from indeed_cli.model.memory import bank_density
 
     det = save_checkpoint(tmp_path / "d.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]})
     normal = tmp_path / "normal"
@@ -399,11 +402,20 @@ def test_calibrate_memory_entries_bounds_the_coreset(tmp_path, run_cli, rng):
         assert code == 0, err
         assert read_metadata(out)["memory"]["entries"] == want
         assert load_checkpoint(out).memory.bits == (4 if "--memory-bits" in entries else 8)
+    # without --memory, --memory-bits stores the memory the detector has anew: rounded, radii again
+    small = tmp_path / "small.safetensors"
+    code, _, err = run_cli("calibrate", "-w", tmp_path / "mem90.safetensors", "--data", normal, "--memory-bits", "4",
+                           "-o", small)  # fmt: skip
+    assert code == 0, err
+    before, after = load_checkpoint(tmp_path / "mem90.safetensors").memory, load_checkpoint(small).memory
+    assert (after.bits, after.entries) == (4, 9) and torch.equal(after.bank, stored_bank(before.bank, 4))
+    assert torch.allclose(after.density, bank_density(after.bank)) and not torch.equal(after.bank, before.bank)
     refused = {  # the arguments, and whether the refusal is our one line (typer words its own range check)
         ("--memory-entries", "5"): True,
         ("--memory", "none", "--memory-entries", "5"): True,
         ("--memory", str(normal), "--memory-entries", "0"): False,
-        ("--memory-bits", "4"): True,
+        ("--memory-bits", "4"): True,  # this detector has no memory to store anew
+        ("--memory", "none", "--memory-bits", "4"): True,
         ("--memory", str(normal), "--memory-bits", "5"): True,
     }
     for args, one_line in refused.items():

@@ -27,6 +27,7 @@ from .memory import (
     fuse,
     greedy_coreset,
     memory_trunk,
+    rebanked,
     stored_fusion,
 )
 from .synthesis import PRESETS, AnomalyConfig, synthesize
@@ -55,6 +56,7 @@ __all__ = [
     "image_score",
     "memory_trunk",
     "readout_ensemble",
+    "rebanked",
     "readout_scales",
     "resize",
     "scale_maps",

@@ -103,6 +103,21 @@ def build_memory(
     return memory.to(device).eval()
 
 
+def rebanked(memory: FeatureMemory, bits: int) -> FeatureMemory:
+    """The same memory with its bank stored in ``bits`` per value: the bank rounded so
+    (:func:`~indeed_cli.model.checkpoint.stored_bank`) and its radii computed again on it, as
+    :func:`build_memory` would have made it; ``memory`` itself where it is stored so already."""
+    if bits not in BANK_BITS:
+        raise ValueError(f"a memory bank is stored in {' or '.join(map(str, BANK_BITS))} bits, not {bits}")
+    if bits == memory.bits:
+        return memory
+    out = FeatureMemory(memory.entries, memory.name, bits).to(memory.bank.device)
+    out.trunk.load_state_dict(memory.trunk.state_dict())
+    out.bank.copy_(stored_bank(memory.bank, bits))
+    out.density.copy_(bank_density(out.bank))
+    return out.eval()
+
+
 def memory_trunk(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """The trunk weights a detector's memory reads features with: those of the first of its networks
     whose f_thetaM reads EfficientNet-Lite0 features (the file then stores them once), else the
