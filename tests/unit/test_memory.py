@@ -190,6 +190,16 @@ def test_four_bit_memory_round_trip_holds_its_entries_in_half_the_bytes(tmp_path
         assert torch.equal(load_checkpoint(again).memory.bank, mem.bank)  # rewriting keeps the form
     # 42 x 152 codes: int8 one byte each plus a float16 scale per channel; 4 bits half a byte plus two
     assert sizes == {8: 42 * 152 + 2 * 152, 4: 21 * 152 + 4 * 152}
+    # codes of the wrong size for the entries the metadata promises: one clear error
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(tmp_path / "m4.safetensors"), "pt") as f:
+        meta = f.metadata()
+    state = load_file(str(tmp_path / "m4.safetensors"))
+    state["memory.bank_t4"] = state["memory.bank_t4"][:, :-1].contiguous()
+    save_file(state, str(tmp_path / "short.safetensors"), metadata=meta)
+    with pytest.raises(CheckpointError, match="feature memory is damaged"):
+        load_checkpoint(tmp_path / "short.safetensors")
     with pytest.raises(ValueError):
         build_memory(bundled_trunk(), imgs, 1, bits=2)
 
