@@ -34,7 +34,7 @@ MemoryEntries = Annotated[
         metavar="N",
         min=1,
         help="detect: the most entries a detector's memory of normal features keeps (PatchCore's greedy "
-        "coreset; calibrate: with --memory; train: filled from at most 400 training images after training). "
+        "coreset; calibrate: with --memory; train: filled from at most 2,000 training images after training). "
         f"More finds more and reads out slower. Default {MEMORY_ENTRIES:,}.",
     ),
 ]

@@ -65,6 +65,12 @@ def test_memory_is_thinned_to_its_entries_and_sampled_evenly():
     imgs = [np.full((1, 64, 64), v, np.float32) for v in (0.2, 0.5, 0.8)]
     mem = build_memory(bundled_trunk(), imgs, 1, entries=10, share=1.0)
     assert mem.entries == 10
+    # the candidates' bound shared out among the images: 64 patches each, at most ceil(20 / 3) = 7 of
+    # each image, so 21 candidates, all kept where the coreset may keep more
+    assert build_memory(bundled_trunk(), imgs, 1, entries=100, share=1.0, candidates=20).entries == 21
+    assert build_memory(bundled_trunk(), iter(imgs), 1, entries=100, share=0.5).entries == 3 * 32
+    with pytest.raises(ValueError):
+        build_memory(bundled_trunk(), imgs, 1, candidates=0)
     assert memory_sample(list(range(1000)), 400) == list(range(0, 800, 2))
     assert memory_sample([1, 2, 3], 400) == [1, 2, 3]
     with pytest.raises(ValueError):
