@@ -33,7 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import FORMAT_VERSION, ModelConfig
-from .memory import FeatureMemory
+from .memory import FeatureMemory, check_bank_bits
 from .network import InDeed
 
 # the version of files that hold int8 tensors; readers of FORMAT_VERSION alone refuse them clearly
@@ -169,12 +169,10 @@ def stored_bank(bank: torch.Tensor, bits: int = 8) -> torch.Tensor:
     by feature channel, :func:`quantize_int8`, or 4 bits, :func:`quantize_4bit`), dequantised, so
     that statistics learned on it hold for the saved file."""
     t = bank.detach().to("cpu").T
-    if bits == 8:
-        back = dequantize_int8(*quantize_int8(t))
-    elif bits == 4:
+    if check_bank_bits(bits) == 4:
         back = dequantize_4bit(*quantize_4bit(t), count=t.shape[1])
     else:
-        raise ValueError(f"a memory bank is stored in 8 or 4 bits, not {bits}")
+        back = dequantize_int8(*quantize_int8(t))
     return back.T.contiguous().to(bank.device)
 
 

@@ -39,6 +39,13 @@ DENSITY_NEIGHBOURS = 3
 BANK_BITS = (8, 4)
 
 
+def check_bank_bits(bits: int, what: str = "a memory bank's bits per value") -> int:
+    """``bits`` if a checkpoint can store a bank in it (:data:`BANK_BITS`); ValueError naming ``what``."""
+    if bits not in BANK_BITS:
+        raise ValueError(f"{what} must be {' or '.join(map(str, BANK_BITS))}, got {bits}")
+    return bits
+
+
 @torch.no_grad()
 def bank_density(bank: Tensor, neighbours: int = DENSITY_NEIGHBOURS) -> Tensor:
     """Eq. (memory density) of every entry of ``bank`` (entries, C): (entries,) float32, the mean of
@@ -74,10 +81,8 @@ class FeatureMemory(nn.Module):
         super().__init__()
         if name != "efficientnet-lite0":
             raise ValueError(f"unknown feature trunk {name!r}: efficientnet-lite0 is the one there is")
-        if bits not in BANK_BITS:
-            raise ValueError(f"a memory bank is stored in {' or '.join(map(str, BANK_BITS))} bits, not {bits}")
         self.name = name
-        self.bits = bits
+        self.bits = check_bank_bits(bits)
         self.trunk = EfficientNetLite0Trunk().requires_grad_(False)
         self.register_buffer("bank", torch.zeros(entries, FEATURE_CHANNELS))
         # Eq. (memory density) of each entry; ones: the plain nearest distance

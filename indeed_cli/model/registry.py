@@ -211,7 +211,7 @@ def _describe(path: Path, origin: str, name: str) -> dict:
             detect_threshold=(extra.get("detect") or {}).get("threshold"),
             members=1 + len(meta["members"]),
             memory_entries=(meta["memory"] or {}).get("entries"),  # a detector's memory of normal features
-            memory_bits=(meta["memory"] or {}).get("bits", 8) if meta["memory"] else None,  # its bank's storage
+            memory_bits=meta["memory"].get("bits", 8) if meta["memory"] else None,  # its bank's storage
         )
     except CheckpointError as e:
         row["error"] = str(e)

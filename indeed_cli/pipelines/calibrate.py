@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..inference import resolve_device
 from ..model import load_checkpoint, resolve_weights, save_checkpoint
-from ..model.memory import BANK_BITS
+from ..model.memory import check_bank_bits
 from ..tasks.detection import (
     MEMORY_ENTRIES,
     QUANTILE,
@@ -63,8 +63,8 @@ def calibrate_checkpoint(
     file stores that memory's bank in, 8 (default) or 4 (twice the entries in the same bytes); without
     ``memory``, the memory the detector has is stored anew in them (:func:`rebanked`).
     """
-    if memory_bits is not None and memory_bits not in BANK_BITS:
-        raise ValueError(f"--memory-bits must be {' or '.join(map(str, BANK_BITS))}, got {memory_bits}")
+    if memory_bits is not None:
+        check_bank_bits(memory_bits, "--memory-bits")
     dev = resolve_device(device)
     ck = load_checkpoint(src, dev)
     if members:

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from ..model import CheckpointError, ModelConfig, read_metadata, resolve_weights
 from ..model.checkpoint import read_feature_trunk
 from ..model.config import fine_tune_config
-from ..model.memory import BANK_BITS
+from ..model.memory import check_bank_bits
 from ..model.registry import resolve_feature_weights
 from ..tasks.detection import PRESETS
 from ..tasks.detection.memory import memory_sample
@@ -79,8 +79,11 @@ def train(
     # refused before training, not after it
     if memory_entries is not None and memory_entries < 1:
         raise UsageError(f"--memory-entries must be at least 1, got {memory_entries}")
-    if memory_bits is not None and memory_bits not in BANK_BITS:
-        raise UsageError(f"--memory-bits must be {' or '.join(map(str, BANK_BITS))}, got {memory_bits}")
+    if memory_bits is not None:
+        try:
+            check_bank_bits(memory_bits, "--memory-bits")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     out = Path(out)
     pyramid = tuple(scales or rc.scales)
     if val_count is None:

@@ -24,7 +24,7 @@ import torch
 from ...inference import as_image, training_channels
 from ...model import Checkpoint
 from ...model.checkpoint import read_feature_trunk, stored_bank
-from ...model.memory import BANK_BITS, FeatureMemory, bank_density
+from ...model.memory import FeatureMemory, bank_density, check_bank_bits
 from ...model.registry import resolve_feature_weights
 from .filters import gaussian_blur, resize
 
@@ -87,8 +87,7 @@ def build_memory(
     with ``seed`` (fewer where ``candidates`` shared out among the images is fewer), then at most
     ``entries`` of them chosen by :func:`greedy_coreset`, rounded as a checkpoint stores them in
     ``bits`` per value (8 or 4; :data:`~indeed_cli.model.memory.BANK_BITS`)."""
-    if bits not in BANK_BITS:
-        raise ValueError(f"a memory bank is stored in {' or '.join(map(str, BANK_BITS))} bits, not {bits}")
+    check_bank_bits(bits)  # before the trunk's pass over the images, not after it
     if not 0 < share <= 1:
         raise ValueError(f"memory share must be in (0, 1], got {share:g}")
     if candidates < 1:
@@ -120,8 +119,6 @@ def rebanked(memory: FeatureMemory, bits: int) -> FeatureMemory:
     """The same memory with its bank stored in ``bits`` per value: the bank rounded so
     (:func:`~indeed_cli.model.checkpoint.stored_bank`) and its radii computed again on it, as
     :func:`build_memory` would have made it; ``memory`` itself where it is stored so already."""
-    if bits not in BANK_BITS:
-        raise ValueError(f"a memory bank is stored in {' or '.join(map(str, BANK_BITS))} bits, not {bits}")
     if bits == memory.bits:
         return memory
     out = FeatureMemory(memory.entries, memory.name, bits).to(memory.bank.device)
