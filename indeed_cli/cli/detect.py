@@ -19,7 +19,12 @@ def detect_cmd(
         Path, typer.Option("--maps", metavar="DIR", help="Folder for <stem>_anomaly/_overlay/_mask.png and <stem>.npz.")
     ],
     threshold: Annotated[
-        float | None, typer.Option("--threshold", metavar="SCORE", help="Override the checkpoint's learned threshold.")
+        float | None,
+        typer.Option(
+            "--threshold",
+            metavar="SCORE",
+            help="Override the checkpoint's learned thresholds (images and pixels alike).",
+        ),
     ] = None,
     scales: Annotated[
         str | None,

@@ -12,7 +12,14 @@ from PIL import Image
 from ..inference import InferenceOptions
 from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via
 from ..model import Checkpoint
-from ..tasks.detection import detect, detect_tiles, readout_ensemble, readout_scales, stored_threshold
+from ..tasks.detection import (
+    detect,
+    detect_tiles,
+    readout_ensemble,
+    readout_scales,
+    stored_pixel_threshold,
+    stored_threshold,
+)
 from .inputs import UsageError, ensemble_setting, expand_inputs, input_names, require_folder, skip_done
 from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
 
@@ -38,7 +45,8 @@ def map_files(folder: Path, name: str) -> dict[str, Path]:
 
 
 def write_maps(img: LoadedImage, amap: np.ndarray, threshold: float, files: dict[str, Path]) -> None:
-    """Heat map (the threshold at mid-scale), overlay on the image, mask at the threshold, float npz."""
+    """Heat map (the threshold at mid-scale), overlay on the image, mask at the threshold, float npz;
+    ``threshold`` is the pixel threshold."""
     view = amap / (2 * threshold) if threshold > 0 else amap / max(float(amap.max()), 1e-12)
     hm = heat(view)
     gray = np.repeat((np.clip(img.data.mean(0), 0, 1) * 255)[..., None], 3, -1)
@@ -73,8 +81,8 @@ def detect_folder(
     ``threshold``, ``scales`` and ``ensemble`` (flips and rotations whose maps are averaged,
     :func:`~indeed_cli.tasks.detection.detect`) default to what the detector was calibrated with.  Each Outcome's
     record holds the image score, whether it is anomalous (score above the threshold), the share of
-    pixels above the threshold and the map files.  Errors and ``shard`` as
-    :func:`~indeed_cli.pipelines.denoise_folder`.
+    pixels above the pixel threshold (the detector's own, ``threshold`` where given) and the map files.
+    Errors and ``shard`` as :func:`~indeed_cli.pipelines.denoise_folder`.
     """
     maps = Path(maps)
     if ensemble is not None:
@@ -97,6 +105,8 @@ def detect_folder(
                 t = threshold if threshold is not None else stored_threshold(ck)
                 if t is None:
                     raise UsageError(f"{ck.source} stores no threshold; pass --threshold")
+                # the map's pixels: at the pixel threshold where the image score is not the map's own
+                tp = threshold if threshold is not None else stored_pixel_threshold(ck)
                 use = scales or readout_scales(ck)
                 n = ensemble or readout_ensemble(ck)
                 t0 = time.perf_counter()
@@ -113,14 +123,15 @@ def detect_folder(
                 "score": round(det.score, 6),
                 "anomalous": bool(det.score > t),
                 "threshold": t,
+                "pixel_threshold": tp,
                 "ensemble": n,
-                "anomalous_fraction": round(float((amap > t).mean()), 6),
+                "anomalous_fraction": round(float((amap > tp).mean()), 6),
                 "maps": {k: str(v) for k, v in files.items()},
                 "weights": ck.source,
                 "seconds": round(time.perf_counter() - t0, 3),
             }
             yield Product(
-                src, lambda a=(img, amap, t, files): write_maps(*a), record, 20 * amap.nbytes
+                src, lambda a=(img, amap, tp, files): write_maps(*a), record, 20 * amap.nbytes
             )  # float64 overlay temporaries: ~80 bytes a pixel
 
     return run_ordered(steps(), on_outcome, skipped, shard=shard, inputs=every)

@@ -22,7 +22,7 @@ from torch import nn
 from ..inference import InferenceOptions
 from ..model import Checkpoint, load_checkpoint, resolve_weights
 from ..tasks.detection import has_support, readout_ensemble, readout_scales, score_kind, stored_fusion, stored_threshold
-from ..tasks.detection.maps import MAP_BLUR, SCORE_DEFINITIONS
+from ..tasks.detection.maps import DEFAULT_SCORE, MAP_BLUR, SCORE_DEFINITIONS
 from .inputs import UsageError
 
 INPUT = "Y"
@@ -144,7 +144,8 @@ def metadata(ck: Checkpoint, tile: int, output: str) -> dict[str, str]:
         "indeed.output": f"{output}: " + OUTPUT_MEANINGS[output_kind(ck)],
     }
     if ck.config.task == "detect":
-        kind = score_kind(ck)
+        # a memory's graph-less distance: the graph's map is scored by its own top5 (threshold_without)
+        kind = DEFAULT_SCORE if stored_fusion(ck) is not None else score_kind(ck)
         support = output_kind(ck) == "support"
         meta.update({
             "indeed.threshold": json.dumps(stored_threshold(ck)),

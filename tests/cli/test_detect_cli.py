@@ -1,5 +1,7 @@
 """`indeed train --task detect` then `indeed detect`, end to end on tiny data."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -67,7 +69,8 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
     )
     assert code == 0, err
     meta = read_metadata(tmp_path / "runs" / "model.safetensors")
-    assert meta["config"]["support_width"] == 0 and meta["extra"]["detect"]["score_kind"] == "top5"
+    # with the memory a new detector fills, its image score is Eq. (score fusion)'s
+    assert meta["config"]["support_width"] == 0 and meta["extra"]["detect"]["score_kind"] == "top5_joint"
     assert meta["training"]["scales"] == [1.0, 0.5] and meta["extra"]["detect"]["scales"] == [1.0, 0.5]
     assert meta["training"]["anomalies"]["preset"] == "surface"
     # a detector without f_thetaM gets a fresh one on top of its trained modules
@@ -363,15 +366,28 @@ def test_calibrate_memory_fills_keeps_and_drops_the_feature_memory(tmp_path, run
     meta = read_metadata(out)
     assert meta["memory"]["entries"] > 0 and meta["extra"]["detect"]["memory"]["members"] == 1
     img = write_png(tmp_path / "t.png", rng.integers(0, 256, (37, 50), dtype=np.uint8))
-    code, _, err = run_cli("detect", img, "--maps", tmp_path / "maps", "-w", out, "--json")
+    code, stdout, err = run_cli("detect", img, "--maps", tmp_path / "maps", "-w", out, "--json")
     assert code == 0, err
     got = np.load(tmp_path / "maps" / "t.npz")["anomaly_map"]
-    assert np.allclose(got, detect(load_checkpoint(out), read_image(img)).anomaly_map, atol=1e-6)
+    want = detect(load_checkpoint(out), read_image(img))
+    assert np.allclose(got, want.anomaly_map, atol=1e-6)
+    # the image is scored by Eq. (score fusion) at the threshold, its pixels marked at the pixel threshold
+    facts, record = meta["extra"]["detect"], json.loads(stdout.strip().splitlines()[-1])
+    assert facts["score_kind"] == "top5_joint" and facts["pixel_threshold"] != facts["threshold"]
+    assert record["threshold"] == facts["threshold"] and record["pixel_threshold"] == facts["pixel_threshold"]
+    assert np.isclose(record["score"], want.score, atol=1e-6)
+    assert record["anomalous"] == (want.score > facts["threshold"])
+    from PIL import Image
+
+    mask = np.asarray(Image.open(tmp_path / "maps" / "t_mask.png")) > 0
+    assert np.array_equal(mask, got > facts["pixel_threshold"])
     again, dropped = tmp_path / "again.safetensors", tmp_path / "dropped.safetensors"
     assert run_cli("calibrate", "-w", out, "--data", normal, "-o", again)[0] == 0
     assert read_metadata(again)["memory"] == meta["memory"] and "memory" in read_metadata(again)["extra"]["detect"]
     assert run_cli("calibrate", "-w", out, "--data", normal, "--memory", "none", "-o", dropped)[0] == 0
     assert read_metadata(dropped)["memory"] is None and "memory" not in read_metadata(dropped)["extra"]["detect"]
+    assert "pixel_threshold" not in read_metadata(dropped)["extra"]["detect"]
+    assert read_metadata(dropped)["extra"]["detect"]["score_kind"] == "top5"
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     for bad_memory, weights in ((tmp_path / "nowhere", det), (empty, det), (normal, ckpt_paths[1])):

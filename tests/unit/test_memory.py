@@ -12,9 +12,20 @@ from indeed_cli.model import CheckpointError, load_checkpoint, read_metadata, sa
 from indeed_cli.model.checkpoint import dequantize_4bit, quantize_4bit, read_feature_trunk, stored_bank
 from indeed_cli.model.memory import bank_density
 from indeed_cli.model.registry import resolve_feature_weights
-from indeed_cli.tasks.detection import build_memory, calibrate, distance_map, fuse, greedy_coreset, stored_fusion
+from indeed_cli.tasks.detection import (
+    build_memory,
+    calibrate,
+    distance_map,
+    fuse,
+    fuse_scores,
+    greedy_coreset,
+    score_kind,
+    stored_fusion,
+    stored_pixel_threshold,
+    stored_score_fusion,
+)
 from indeed_cli.tasks.detection.maps import detect, image_score, member_mean
-from indeed_cli.tasks.detection.memory import FusionStats, fusion_stats, memory_sample
+from indeed_cli.tasks.detection.memory import FusionStats, ScoreStats, fusion_stats, memory_sample, score_stats
 
 
 def bundled_trunk() -> dict[str, torch.Tensor]:
@@ -210,9 +221,25 @@ def test_four_bit_memory_round_trip_holds_its_entries_in_half_the_bytes(tmp_path
         build_memory(bundled_trunk(), imgs, 1, bits=2)
 
 
+def test_score_fusion_weighs_the_distance_score_as_a_second_vote(rng):
+    """Eq. (score fusion): t(d) brought to the fused scores' normal scale, averaged with t(a_M)."""
+    stats = ScoreStats(score_mean=0.3, score_std=0.02, distance_score_mean=1.1, distance_score_std=0.1)
+    assert np.isclose(fuse_scores(0.36, 1.4, stats), (0.36 + 0.3 + 0.02 * (1.4 - 1.1) / 0.1) / 2)
+    # a distance score that says what the map's says, on its own scale, gives the map's score back
+    assert np.isclose(fuse_scores(0.34, 1.1 + 0.1 * (0.34 - 0.3) / 0.02, stats), 0.34)
+    a, d = rng.random(9), rng.random(9) * 5
+    st = score_stats(a, d)
+    assert np.allclose([st.score_mean, st.score_std, st.distance_score_mean, st.distance_score_std],
+                       [a.mean(), a.std(), d.mean(), d.std()])  # fmt: skip
+    assert ScoreStats.from_dict(st.to_dict()) == st
+    # on the normal images the statistics come from, the joint scores keep the map scores' mean
+    assert np.isclose(np.mean([fuse_scores(x, y, st) for x, y in zip(a, d)]), a.mean())
+
+
 def test_calibrated_detector_maps_the_fusion_computed_directly(tmp_path, rng):
-    """calibrate() learns Eq. (memory fusion)'s statistics from the normal images' pixels and the
-    threshold on the fused maps; detect() maps that fusion."""
+    """calibrate() learns Eq. (memory fusion)'s statistics from the normal images' pixels, Eq. (score
+    fusion)'s from their scores, the threshold on the joint scores and the pixel threshold on the
+    fused maps' own; detect() maps and scores so."""
     model = tiny_model(1, task="detect", support_width=8)
     normal = [rng.integers(90, 160, (1, 40, 48)).astype(np.float32) / 255 for _ in range(3)]
     mem = build_memory(bundled_trunk(), normal, 1, share=1.0)
@@ -223,13 +250,32 @@ def test_calibrated_detector_maps_the_fusion_computed_directly(tmp_path, rng):
     want = fusion_stats(a, d, 1)
     got = FusionStats.from_dict(facts["memory"])
     assert np.allclose(list(got.to_dict().values()), list(want.to_dict().values()), rtol=1e-5)
-    assert np.isclose(facts["threshold"], max(image_score(fuse(x, y, want)) for x, y in zip(a, d)), rtol=1e-5)
+    fused_scores = [image_score(fuse(x, y, want)) for x, y in zip(a, d)]
+    votes = score_stats(fused_scores, [image_score(y) for y in d])
+    assert np.allclose(list(facts["memory"]["scores"].values()), list(votes.to_dict().values()), rtol=1e-5)
+    joint = [fuse_scores(f, image_score(y), votes) for f, y in zip(fused_scores, d)]
+    assert np.isclose(facts["threshold"], max(joint), rtol=1e-5)
+    assert np.isclose(facts["pixel_threshold"], max(fused_scores), rtol=1e-5)
+    assert facts["score_kind"] == "top5_joint" and "score fusion" in facts["score"]
     assert facts["memory"]["entries"] == mem.entries and "normal patch features" in facts["map"]
     ck.extra["detect"] = facts
     test = rng.integers(0, 256, (1, 37, 50)).astype(np.float32) / 255
-    fused = fuse(member_mean(ck, test), distance_map(ck.memory, test, 1), stored_fusion(ck))
+    dmap = distance_map(ck.memory, test, 1)
+    fused = fuse(member_mean(ck, test), dmap, stored_fusion(ck))
     det = detect(ck, test)
-    assert np.allclose(det.anomaly_map, fused, atol=1e-6) and np.isclose(det.score, image_score(fused))
+    assert np.allclose(det.anomaly_map, fused, atol=1e-6)
+    assert np.isclose(det.score, fuse_scores(image_score(fused), image_score(dmap), stored_score_fusion(ck)))
+    assert np.isclose(detect(ck, test, score="top5").score, image_score(fused))
+    assert stored_pixel_threshold(ck) == facts["pixel_threshold"] != facts["threshold"]
+    # a detector calibrated before Eq. (score fusion) keeps the fused map's own score and one threshold
+    ck.extra["detect"] = {k: v for k, v in facts.items() if k not in ("pixel_threshold", "score_kind")}
+    del ck.extra["detect"]["memory"]["scores"]
+    ck.extra["detect"]["score_kind"] = "top5"
+    assert stored_score_fusion(ck) is None and score_kind(ck) == "top5"
+    assert stored_pixel_threshold(ck) == facts["threshold"]
+    assert np.isclose(detect(ck, test).score, image_score(fused))
+    with pytest.raises(ValueError, match="top5_joint"):
+        detect(ck, test, score="top5_joint")
     # a defect-like patch that no normal patch resembles lies further from the memory
     spot = normal[0].copy()
     spot[:, 16:32, 16:32] = 1.0
@@ -288,3 +334,5 @@ def test_onnx_metadata_gives_the_threshold_learned_without_the_memory(tmp_path, 
     without = ck.extra["detect"]["memory"]["threshold_without"]
     assert json.loads(meta["indeed.threshold"]) == without != ck.extra["detect"]["threshold"]
     assert "indeed.memory" in meta
+    # the graph's map is scored by its own top5, the score threshold_without was learned on
+    assert ck.extra["detect"]["score_kind"] == "top5_joint" and meta["indeed.score"] == "top5"

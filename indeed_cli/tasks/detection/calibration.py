@@ -9,6 +9,7 @@ from ...inference.decomposition import WHOLE_IMAGE_PIXELS
 from ...model import Checkpoint
 from .maps import (
     DEFAULT_SCORE,
+    JOINT_SCORE,
     SCORE_DEFINITIONS,
     has_support,
     image_score,
@@ -16,7 +17,7 @@ from .maps import (
     member_mean,
     readout_scales,
 )
-from .memory import distance_map, fuse, fusion_stats
+from .memory import distance_map, fuse, fuse_scores, fusion_stats, score_stats
 
 # The share of held-out normal images at or below the threshold: at 0.99 about one normal image in
 # a hundred is flagged.  A lower quantile flags more defects for more false alarms (on the
@@ -38,8 +39,9 @@ def calibrate(
     scales and the ensemble are stored with it, and :func:`detect` reads out with them.
 
     A detector with a memory of normal features (``ckpt.memory``) also gets the statistics of
-    Eq. (memory fusion) from the same images' pixels (under "memory"); the threshold is learned on
-    the fused maps."""
+    Eq. (memory fusion) from the same images' pixels and those of Eq. (score fusion) from their
+    scores (under "memory"); its image score is then ``top5_joint``, the threshold is learned on it,
+    and ``pixel_threshold``, the same quantile of the fused maps' top5, marks the maps' pixels."""
     if not 0 < quantile <= 1:
         raise ValueError(f"--quantile must be in (0, 1], got {quantile:g}")
     ensemble = check_ensemble(ensemble)
@@ -50,15 +52,26 @@ def calibrate(
         maps.append(member_mean(ckpt, data, opts, scales=scales, ensemble=ensemble))
         if ckpt.memory is not None:
             distances.append(distance_map(ckpt.memory, data, ckpt.config.channels))
-    facts, definition = {}, map_definition(ckpt)
+    facts, definition, kind = {}, map_definition(ckpt), DEFAULT_SCORE
+    scores = [image_score(a, DEFAULT_SCORE) for a in maps]
     if ckpt.memory is not None and maps:
         stats = fusion_stats(maps, distances, 1 + len(ckpt.members))
         # the threshold of the members' map alone, for read-outs without the memory (the ONNX graph)
-        alone = float(np.quantile([image_score(a, DEFAULT_SCORE) for a in maps], quantile))
+        alone = float(np.quantile(scores, quantile))
         maps = [fuse(a, d, stats) for a, d in zip(maps, distances)]
-        facts["memory"] = {**stats.to_dict(), "entries": ckpt.memory.entries, "threshold_without": alone}
+        fused = [image_score(a, DEFAULT_SCORE) for a in maps]
+        far = [image_score(d, DEFAULT_SCORE) for d in distances]
+        votes = score_stats(fused, far)
+        scores = [fuse_scores(f, d, votes) for f, d in zip(fused, far)]
+        facts["memory"] = {
+            **stats.to_dict(),
+            "entries": ckpt.memory.entries,
+            "threshold_without": alone,
+            "scores": votes.to_dict(),
+        }
+        facts["pixel_threshold"] = float(np.quantile(fused, quantile))
         definition += f", fused with the distance to {ckpt.memory.entries} normal patch features as one more member"
-    scores = [image_score(a, DEFAULT_SCORE) for a in maps]
+        kind = JOINT_SCORE
     if has_support(ckpt):  # which read-out the threshold belongs to (`indeed detect --tiled`, ONNX: tiles)
         tiled = opts is not None and opts.whole_image is False
         facts["readout"] = "tiles" if tiled else f"whole image up to {WHOLE_IMAGE_PIXELS:,} pixels, mu_L by tiles"
@@ -69,8 +82,8 @@ def calibrate(
         "scales": list(scales),
         "ensemble": ensemble,
         "map": definition,
-        "score_kind": DEFAULT_SCORE,
-        "score": SCORE_DEFINITIONS[DEFAULT_SCORE],
+        "score_kind": kind,
+        "score": SCORE_DEFINITIONS[kind],
         "quantile": quantile,
         "normal_scores": {
             "min": float(np.min(scores)),

@@ -27,7 +27,10 @@ threshold and the image score belong to that mean.
 
 A detector with a memory of normal features (``Checkpoint.memory``; :mod:`.memory`) fuses that mean
 with its nearest-normal-feature distance map as one more member (Eq. (memory fusion)), with the
-normal statistics stored beside the threshold.
+normal statistics stored beside the threshold.  Calibrated so since 2026-12-02, its image score is
+``top5_joint``, Eq. (score fusion): the fused map's top5 averaged with the distance map's, brought to
+its scale on normal images; its threshold is learned on that score, and the map's pixels are marked
+at a pixel threshold learned on the fused map's top5 as before (:func:`stored_pixel_threshold`).
 """
 
 from __future__ import annotations
@@ -49,13 +52,16 @@ from ...inference import (
 )
 from ...model import Checkpoint
 from .filters import gaussian_blur, resize, scaled_size
-from .memory import distance_map, fuse, stored_fusion
+from .memory import distance_map, fuse, fuse_scores, stored_fusion, stored_score_fusion
 
 MAP_BLUR, SCORE_BLUR, TOP_SHARE, POOL = 2.0, 4.0, 0.05, 21
+JOINT_SCORE = "top5_joint"
 SCORE_DEFINITIONS = {
     "top5": f"mean of the largest {TOP_SHARE:.0%} of the map",
     "max_g4": f"max(gaussian_blur(map, {SCORE_BLUR}))",
     "pool21": f"max of the map averaged over {POOL}x{POOL} windows",
+    JOINT_SCORE: f"mean of the largest {TOP_SHARE:.0%} of the map, averaged with the same of the memory's distance "
+    "map brought to its scale on the calibration normals (Eq. (score fusion))",
 }
 DEFAULT_SCORE = "top5"
 MAP_DEFINITIONS = {
@@ -82,7 +88,10 @@ def anomaly_map_from_sparse(mu_S: np.ndarray) -> np.ndarray:
 def image_score(amap: np.ndarray, kind: str = DEFAULT_SCORE) -> float:
     """One number per image from its map: ``top5`` (mean of the largest 5% of the pixels),
     ``max_g4`` (maximum after a Gaussian of sigma 4 px; the first detectors' score) or ``pool21``
-    (maximum of the 21 x 21 window means, DRAEM's score)."""
+    (maximum of the 21 x 21 window means, DRAEM's score).  ``top5_joint`` needs the memory's distance
+    map as well: :func:`detection_score`."""
+    if kind == JOINT_SCORE:
+        raise ValueError(f"the image score {JOINT_SCORE!r} needs the memory's distance map: see detection_score()")
     if kind == "max_g4":
         return float(gaussian_blur(amap, SCORE_BLUR).max())
     if kind == "pool21":
@@ -103,8 +112,37 @@ def score_kind(ckpt: Checkpoint) -> str:
 
 
 def stored_threshold(ckpt: Checkpoint) -> float | None:
-    """The threshold learned at calibration (``extra.detect.threshold``); None if never calibrated."""
+    """The image threshold learned at calibration (``extra.detect.threshold``): an image whose score
+    is above it is flagged; None if never calibrated."""
     return (ckpt.extra.get("detect") or {}).get("threshold")
+
+
+def stored_pixel_threshold(ckpt: Checkpoint) -> float | None:
+    """The threshold a map's pixels are marked at: ``extra.detect.pixel_threshold`` where the image
+    score is not the map's own (``top5_joint``), else the image threshold."""
+    facts = ckpt.extra.get("detect") or {}
+    return facts.get("pixel_threshold", facts.get("threshold"))
+
+
+def detection_score(ckpt: Checkpoint, amap: np.ndarray, dmap: np.ndarray | None, kind: str) -> float:
+    """The image score ``kind`` of a detector's map ``amap`` (fused, where it has a memory) and its
+    memory's distance map ``dmap`` (None without one): Eq. (score fusion) for ``top5_joint``, else
+    :func:`image_score` of the map."""
+    if kind != JOINT_SCORE:
+        return image_score(amap, kind)
+    if dmap is None:
+        raise ValueError(f"the image score {JOINT_SCORE!r} needs the memory's distance map")
+    return fuse_scores(image_score(amap, "top5"), image_score(dmap, "top5"), _joint_stats(ckpt))
+
+
+def _joint_stats(ckpt: Checkpoint):
+    stats = stored_score_fusion(ckpt)
+    if stats is None or stored_fusion(ckpt) is None:
+        raise ValueError(
+            f"the image score {JOINT_SCORE!r} needs a detector calibrated with a memory of normal features "
+            f"(`indeed calibrate`); {ckpt.source} is not"
+        )
+    return stats
 
 
 def readout_scales(ckpt: Checkpoint) -> tuple[float, ...]:
@@ -179,13 +217,20 @@ def detect(
     (:func:`readout_ensemble`).  N read-outs, N times the time.
 
     A detector with a memory of normal features and its fusion statistics (:mod:`.memory`) maps
-    Eq. (memory fusion) of that mean and its distance map (of the image itself, once)."""
+    Eq. (memory fusion) of that mean and its distance map (of the image itself, once), and scores
+    the image by Eq. (score fusion) where it was calibrated so (``top5_joint``)."""
     data, _ = as_image(image)
+    kind = score or score_kind(ckpt)
+    if kind == JOINT_SCORE:
+        _joint_stats(ckpt)  # before the read-out, not after it
+    elif kind not in SCORE_DEFINITIONS:
+        raise ValueError(f"unknown image score {kind!r}; known: {sorted(SCORE_DEFINITIONS)}")
     amap = member_mean(ckpt, data, opts, progress, scales, ensemble)
-    fusion = stored_fusion(ckpt)
+    fusion, dmap = stored_fusion(ckpt), None
     if fusion is not None:
-        amap = fuse(amap, distance_map(ckpt.memory, data, ckpt.config.channels), fusion)
-    return Detection(amap.astype(np.float32), image_score(amap, score or score_kind(ckpt)))
+        dmap = distance_map(ckpt.memory, data, ckpt.config.channels)
+        amap = fuse(amap, dmap, fusion)
+    return Detection(amap.astype(np.float32), detection_score(ckpt, amap, dmap, kind))
 
 
 def member_mean(

@@ -11,7 +11,17 @@ of the detector's members as one more member, Eq. (memory fusion):
 with K the detector's members (a is already their mean) and mu, sigma the mean and standard
 deviation of a and of d over the pixels of the held-out normal images the threshold is learned
 on: d is brought to the scale that a has on normal surface, then weighted as one member. The
-threshold and the image score are computed from a_M.
+pixel threshold is computed from a_M.
+
+The image score joins the two the same way one level up, Eq. (score fusion): with t(.) the top5
+score (mean of the largest 5% of a map) and m, s the mean and standard deviation of t(a_M) and of
+t(d) over the same normal images,
+
+    t~(d)   = m_a + s_a (t(d) - m_d) / s_d
+    score   = (t(a_M) + t~(d)) / 2
+
+the fused map's score (where the defect is) and the memory's (how far the image's patches are
+from normal, PatchCore's image score) as two votes of equal weight.
 """
 
 from __future__ import annotations
@@ -197,6 +207,45 @@ def fuse(amap: np.ndarray, dmap: np.ndarray, stats: FusionStats) -> np.ndarray:
     scaled = stats.map_mean + stats.map_std * (dmap - stats.distance_mean) / stats.distance_std
     k = stats.members
     return ((k * amap + scaled) / (k + 1)).astype(np.float32)
+
+
+@dataclass
+class ScoreStats:
+    """What Eq. (score fusion) needs, from the held-out normal images' scores."""
+
+    score_mean: float  # m_a, s_a: of t(a_M), the top5 scores of the fused maps
+    score_std: float
+    distance_score_mean: float  # m_d, s_d: of t(d), the top5 scores of the distance maps
+    distance_score_std: float
+
+    def to_dict(self) -> dict:
+        return {k: float(v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ScoreStats:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+def score_stats(map_scores, distance_scores) -> ScoreStats:
+    """The means and standard deviations of the held-out normal images' top5 scores of their fused
+    maps and of their distance maps (Eq. score fusion)."""
+    a, d = np.asarray(map_scores, np.float64), np.asarray(distance_scores, np.float64)
+    return ScoreStats(a.mean(), max(a.std(), 1e-12), d.mean(), max(d.std(), 1e-12))
+
+
+def fuse_scores(map_score: float, distance_score: float, stats: ScoreStats) -> float:
+    """Eq. (score fusion): the distance map's score on the fused map's normal scale, averaged with
+    the fused map's score."""
+    z = (distance_score - stats.distance_score_mean) / stats.distance_score_std
+    scaled = stats.score_mean + stats.score_std * z
+    return float((map_score + scaled) / 2)
+
+
+def stored_score_fusion(ckpt: Checkpoint) -> ScoreStats | None:
+    """The statistics of Eq. (score fusion) stored with the threshold; None where the detector was
+    calibrated without them (its image score is the fused map's alone)."""
+    facts = ((ckpt.extra.get("detect") or {}).get("memory") or {}).get("scores")
+    return ScoreStats.from_dict(facts) if ckpt.memory is not None and facts else None
 
 
 def stored_fusion(ckpt: Checkpoint) -> FusionStats | None:
