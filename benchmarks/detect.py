@@ -41,6 +41,7 @@ from indeed_cli.model import load_checkpoint  # noqa: E402
 from indeed_cli.pipelines import parse_scales  # noqa: E402
 from indeed_cli.tasks.detection import (  # noqa: E402
     DEFAULT_SCORE,
+    JOINT_SCORE,
     SCORE_DEFINITIONS,
     anomaly_map_from_sparse,
     detect,
@@ -99,7 +100,7 @@ def main() -> None:
         "--score",
         default=None,
         choices=sorted(SCORE_DEFINITIONS),
-        help="image score for every network (default: each checkpoint's own; rpca: top5)",
+        help="image score for every network (default: each checkpoint's own; rpca: top5, and for top5_joint)",
     )
     ap.add_argument(
         "--ensemble",
@@ -152,7 +153,7 @@ def main() -> None:
             img = read_image(p)
             if m == "rpca":
                 amap = anomaly_map_from_sparse(rpca_sparse(img.data.mean(0).astype(np.float64))[None])
-                score = image_score(amap, a.score or DEFAULT_SCORE)
+                score = image_score(amap, a.score if a.score not in (None, JOINT_SCORE) else DEFAULT_SCORE)
             elif m == "patchcore":
                 amap = peer.anomaly_map(img.data)
                 score = float(amap.max())
