@@ -136,8 +136,8 @@ def detection_score(ckpt: Checkpoint, amap: np.ndarray, dmap: np.ndarray | None,
 
 
 def _joint_stats(ckpt: Checkpoint):
-    stats = stored_score_fusion(ckpt)
-    if stats is None or stored_fusion(ckpt) is None:
+    stats = stored_score_fusion(ckpt)  # stored under the memory's fusion facts: None without them
+    if stats is None:
         raise ValueError(
             f"the image score {JOINT_SCORE!r} needs a detector calibrated with a memory of normal features "
             f"(`indeed calibrate`); {ckpt.source} is not"

@@ -199,9 +199,15 @@ def distance_map(memory: FeatureMemory, image, channels: int) -> np.ndarray:
 def fusion_stats(maps: list[np.ndarray], distances: list[np.ndarray], members: int) -> FusionStats:
     """The pixel means and standard deviations of the members' mean maps and of the distance maps of
     held-out normal images (Eq. memory fusion)."""
-    a = np.concatenate([m.ravel() for m in maps]).astype(np.float64)
-    d = np.concatenate([m.ravel() for m in distances]).astype(np.float64)
-    return FusionStats(a.mean(), max(a.std(), 1e-12), d.mean(), max(d.std(), 1e-12), members)
+    a = _mean_std(np.concatenate([m.ravel() for m in maps]))
+    d = _mean_std(np.concatenate([m.ravel() for m in distances]))
+    return FusionStats(*a, *d, members)
+
+
+def _mean_std(values) -> tuple[float, float]:
+    """Mean and standard deviation (float64; the deviation at least 1e-12, which a scale divides by)."""
+    x = np.asarray(values, np.float64)
+    return float(x.mean()), max(float(x.std()), 1e-12)
 
 
 def fuse(amap: np.ndarray, dmap: np.ndarray, stats: FusionStats) -> np.ndarray:
@@ -232,8 +238,7 @@ class ScoreStats:
 def score_stats(map_scores, distance_scores) -> ScoreStats:
     """The means and standard deviations of the held-out normal images' top5 scores of their fused
     maps and of their distance maps (Eq. score fusion)."""
-    a, d = np.asarray(map_scores, np.float64), np.asarray(distance_scores, np.float64)
-    return ScoreStats(a.mean(), max(a.std(), 1e-12), d.mean(), max(d.std(), 1e-12))
+    return ScoreStats(*_mean_std(map_scores), *_mean_std(distance_scores))
 
 
 def fuse_scores(map_score: float, distance_score: float, stats: ScoreStats) -> float:
