@@ -85,6 +85,17 @@ def calibrate_cmd(
     ] = None,
     memory_entries: MemoryEntries = None,
     memory_bits: MemoryBits = None,
+    weight_bits: Annotated[
+        int | None,
+        typer.Option(
+            "--weight-bits",
+            metavar="8|4",
+            help="the bits per weight the file stores its largest convolutions in (those int8 holds): 4 "
+            "takes half their bytes, a little less exactly; the networks are rounded so before the statistics "
+            "are learned. A detector whose memory reads its features through them needs --memory too. "
+            "Default: as the checkpoint.",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,
@@ -126,6 +137,7 @@ def calibrate_cmd(
             memory=memory_images,
             memory_entries=memory_entries,
             memory_bits=memory_bits,
+            weight_bits=weight_bits,
         )
     except ValueError as e:
         raise CLIError(str(e)) from None

@@ -15,7 +15,9 @@ memory of normal image features (:mod:`.memory`; format_version "4"; metadata ``
 ``memory.bank_t`` (int8, by feature channel, with its scales), ``memory.density`` and ``memory.trunk.<name>`` unless a
 network of the file holds the same trunk as f_thetaM's features). A memory whose bank is stored in
 4 bits (metadata ``memory.bits`` 4) holds ``memory.bank_t4`` instead, two values a byte with each
-feature channel's minimum and step (format_version "5").
+feature channel's minimum and step (format_version "5"). A file whose int8-sized convolutions are
+stored in 4 bits instead (metadata ``weight_bits`` 4; Eq. (4-bit weights)) holds them as packed
+uint8 codes with one float16 scale per output channel (``NAME.q4_scale``; format_version "6").
 
 Where a ``--weights`` value points (bundled names, paths, the Hub): :mod:`.registry`.
 """
@@ -47,13 +49,23 @@ MEMORY_FORMAT_VERSION = 4
 # the version of files whose memory bank is stored in 4 bits: readers of version 4 would call the
 # memory damaged (no int8 bank) instead of saying that the file is newer than they are
 BANK4_FORMAT_VERSION = 5
+# the version of files whose largest convolutions are stored in 4 bits: readers of version 5 would
+# refuse their uint8 codes as not matching the config, without saying why
+WEIGHTS4_FORMAT_VERSION = 6
 READABLE_VERSIONS = tuple(
     str(v)
-    for v in (FORMAT_VERSION, INT8_FORMAT_VERSION, MEMBERS_FORMAT_VERSION, MEMORY_FORMAT_VERSION, BANK4_FORMAT_VERSION)
-)
+    for v in (
+        FORMAT_VERSION, INT8_FORMAT_VERSION, MEMBERS_FORMAT_VERSION, MEMORY_FORMAT_VERSION, BANK4_FORMAT_VERSION,
+        WEIGHTS4_FORMAT_VERSION,
+    )
+)  # fmt: skip
 MEMBER_PREFIX = "member"
 MEMORY_PREFIX = "memory."
 INT8_SCALE_SUFFIX = ".int8_scale"
+# a 4-bit convolution's per-output-channel scales (its codes are the tensor of its own name, uint8)
+Q4_SCALE_SUFFIX = ".q4_scale"
+# bits per weight the convolutions of at least int8_min_weights weights may be stored in
+WEIGHT_BITS = (8, 4)
 # a 4-bit bank's tensors: the packed codes, and each feature channel's minimum and step
 BANK4, BANK4_MIN_SUFFIX, BANK4_STEP_SUFFIX = "bank_t4", ".q4_min", ".q4_step"
 # convolutions of at least this many weights may be stored in int8: in the gray denoiser these are
@@ -77,6 +89,8 @@ class Checkpoint:
     # the int8 storage rule of the file it came from (save_checkpoint's int8_min_weights), so that
     # rewriting it (indeed calibrate) keeps the file's size
     int8_min_weights: int | None = None
+    # the bits per weight those convolutions are stored in (8: int8, 4: Eq. (4-bit weights))
+    weight_bits: int = 8
     # networks derived for inference (a bf16 copy, compiled wrappers), keyed and filled by
     # indeed_cli.inference.runtime; never saved
     runtime: dict = field(default_factory=dict, repr=False, compare=False)
@@ -98,11 +112,14 @@ def save_checkpoint(
     int8_min_weights: int | None = None,
     members: list[Checkpoint] | tuple[Checkpoint, ...] = (),
     memory: FeatureMemory | None = None,
+    weight_bits: int = 8,
 ) -> Path:
     """Write model weights and metadata atomically (temp file + rename).
 
     ``int8_min_weights``: convolution kernels with at least this many weights are stored as int8
-    (:func:`quantize_int8`); None stores every tensor in ``dtype``.  ``members``: a detector's further
+    (:func:`quantize_int8`), or in 4 bits where ``weight_bits`` is 4 (:func:`quantize_4bit_weights`;
+    every convolution of at least :data:`INT8_MIN_WEIGHTS` where ``int8_min_weights`` is None); None
+    stores every tensor in ``dtype``.  ``members``: a detector's further
     members (:attr:`Checkpoint.members`), stored with their config, training facts and extra; their
     own members are not kept (``tasks.detection.with_members`` flattens them).  ``memory``: a
     detector's memory of normal features (:attr:`Checkpoint.memory`): its bank in int8 by feature
@@ -112,16 +129,21 @@ def save_checkpoint(
         raise ValueError(f"only detectors have members; this is a {model.cfg.task} model")
     if memory is not None and model.cfg.task != "detect":
         raise ValueError(f"only detectors have a feature memory; this is a {model.cfg.task} model")
-    tensors = _tensors(model, dtype, int8_min_weights)
+    check_weight_bits(weight_bits)
+    if weight_bits == 4 and int8_min_weights is None:
+        int8_min_weights = INT8_MIN_WEIGHTS
+    tensors = _tensors(model, dtype, int8_min_weights, weight_bits)
     for k, member in enumerate(members, 1):
-        own = _tensors(member.model, dtype, int8_min_weights)
+        own = _tensors(member.model, dtype, int8_min_weights, weight_bits)
         tensors.update({f"{MEMBER_PREFIX}{k}.{n}": v for n, v in own.items()})
     int8 = any(v.dtype == torch.int8 for v in tensors.values())
+    four = any(n.endswith(Q4_SCALE_SUFFIX) for n in tensors)
     if memory is not None:
-        shared = _shared_trunk(memory, [model, *(m.model for m in members)])
+        shared = shared_trunk(memory, [model, *(m.model for m in members)])
         tensors.update(_memory_tensors(memory, dtype, with_trunk=shared is None))
     version = (
-        BANK4_FORMAT_VERSION if memory is not None and memory.bits == 4
+        WEIGHTS4_FORMAT_VERSION if four
+        else BANK4_FORMAT_VERSION if memory is not None and memory.bits == 4
         else MEMORY_FORMAT_VERSION if memory is not None
         else MEMBERS_FORMAT_VERSION if members else INT8_FORMAT_VERSION if int8 else FORMAT_VERSION
     )  # fmt: skip
@@ -132,8 +154,10 @@ def save_checkpoint(
         "training": json.dumps(training or {}, sort_keys=True),
         "extra": json.dumps(extra or {}, sort_keys=True),
     }
-    if int8:
+    if int8 or four:
         meta["int8_min_weights"] = str(int8_min_weights)
+    if four:
+        meta["weight_bits"] = "4"
     if members:
         described = [
             {"config": json.loads(m.config.to_json()), "training": m.training, "extra": m.extra} for m in members
@@ -149,7 +173,7 @@ def save_checkpoint(
     return _write_atomically(path, tensors, meta)
 
 
-def _shared_trunk(memory: FeatureMemory, networks: list[InDeed]) -> str | None:
+def shared_trunk(memory: FeatureMemory, networks: list[InDeed]) -> str | None:
     """Where a network of the file (0: the detector, k: member k) already holds the memory's trunk
     as f_thetaM's features, with the same weights as stored (float16): that one, which the memory
     then reads its trunk from instead of a copy of its own; None otherwise."""
@@ -196,12 +220,28 @@ def _memory_tensors(memory: FeatureMemory, dtype: torch.dtype, with_trunk: bool)
     return out
 
 
-def _tensors(model: InDeed, dtype: torch.dtype, int8_min_weights: int | None) -> dict[str, torch.Tensor]:
-    """A network's state as stored: ``dtype``, or int8 with scales for the largest convolutions."""
+def check_weight_bits(bits: int, option: str = "weight_bits") -> int:
+    """``bits`` where a file can store its largest convolutions in that many bits; ValueError otherwise."""
+    if bits not in WEIGHT_BITS:
+        raise ValueError(f"{option} must be 8 or 4, not {bits}")
+    return bits
+
+
+def _stored_large(v: torch.Tensor, int8_min_weights: int | None) -> bool:
+    """Whether a tensor is one of the convolutions a file stores in int8 or 4 bits."""
+    return int8_min_weights is not None and v.dim() == 4 and v.numel() >= int8_min_weights
+
+
+def _tensors(
+    model: InDeed, dtype: torch.dtype, int8_min_weights: int | None, weight_bits: int = 8
+) -> dict[str, torch.Tensor]:
+    """A network's state as stored: ``dtype``, or int8 (4 bits) with scales for the largest convolutions."""
     tensors = {}
     for k, v in model.state_dict().items():
         v = v.detach().to("cpu")
-        if int8_min_weights is not None and v.dim() == 4 and v.numel() >= int8_min_weights:
+        if _stored_large(v, int8_min_weights) and weight_bits == 4:
+            tensors[k], tensors[k + Q4_SCALE_SUFFIX] = quantize_4bit_weights(v)
+        elif _stored_large(v, int8_min_weights):
             tensors[k], tensors[k + INT8_SCALE_SUFFIX] = quantize_int8(v)
         else:
             tensors[k] = v.to(dtype).contiguous()
@@ -241,6 +281,49 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """float32 weights from :func:`quantize_int8`'s int8 values and per-output-channel scales."""
     return q.float() * scale.float().view(-1, *([1] * (q.dim() - 1)))
+
+
+def quantize_4bit_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (4-bit weights) of docs/model.md, symmetric 4 bits per output channel of a convolution:
+    q = round(w / s) in -7..7 with s = max|w| / 7 over the channel's weights, kept in float16; the
+    codes q + 8 two a byte along the channel's flattened weights (the even one in the low half, a
+    last odd one padded). Returns (codes (out, ceil(n/2)) uint8, s (out,) float16)."""
+    w = weight.float().flatten(1)
+    scale = (w.abs().amax(1) / 7.0).clamp_min(1e-12).half()
+    q = (torch.round(w / scale.float()[:, None]).clamp(-7, 7) + 8).to(torch.uint8)
+    if q.shape[1] % 2:
+        q = torch.cat([q, torch.full_like(q[:, :1], 8)], 1)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous(), scale.contiguous()
+
+
+def dequantize_4bit_weights(codes: torch.Tensor, scale: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The float32 convolution of ``shape`` from :func:`quantize_4bit_weights`: w = (code - 8) s."""
+    count = 1
+    for d in shape[1:]:
+        count *= d
+    if codes.dtype != torch.uint8 or tuple(codes.shape) != (shape[0], -(-count // 2)) or scale.numel() != shape[0]:
+        raise ValueError(f"4-bit codes of shape {tuple(codes.shape)} do not hold a weight of shape {tuple(shape)}")
+    q = torch.stack([codes & 15, codes >> 4], -1).flatten(1)[:, :count].float() - 8
+    return (q * scale.float()[:, None]).view(shape)
+
+
+def stored_weights(model: InDeed, int8_min_weights: int | None, weight_bits: int) -> InDeed:
+    """``model`` with its convolutions of at least ``int8_min_weights`` weights rounded in place to
+    what a file stores of them in ``weight_bits`` (int8 or Eq. (4-bit weights)), so that statistics
+    learned on it (a threshold, a memory read through its trunk) hold for the saved file."""
+    check_weight_bits(weight_bits)
+    if weight_bits == 4 and int8_min_weights is None:
+        int8_min_weights = INT8_MIN_WEIGHTS
+    with torch.no_grad():
+        for p in model.parameters():
+            if not _stored_large(p, int8_min_weights):
+                continue
+            if weight_bits == 4:
+                back = dequantize_4bit_weights(*quantize_4bit_weights(p.detach().cpu()), tuple(p.shape))
+            else:
+                back = dequantize_int8(*quantize_int8(p.detach().cpu()))
+            p.copy_(back.to(p.device, p.dtype))
+    return model
 
 
 def quantize_4bit(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -297,6 +380,7 @@ def read_metadata(path: str | Path) -> dict:
             "training": json.loads(meta.get("training", "{}")),
             "extra": json.loads(meta.get("extra", "{}")),
             "int8_min_weights": int(meta["int8_min_weights"]) if "int8_min_weights" in meta else None,
+            "weight_bits": int(meta.get("weight_bits", 8)),
             "members": json.loads(meta.get("members", "[]")),
             "memory": json.loads(meta["memory"]) if "memory" in meta else None,
         }
@@ -333,7 +417,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
         m.to(memory_format=torch.channels_last)
     return Checkpoint(
         model, model.cfg, meta["training"], meta["extra"], str(path), int8_min_weights=meta["int8_min_weights"],
-        members=members, memory=memory,
+        weight_bits=meta["weight_bits"], members=members, memory=memory,
     )  # fmt: skip
 
 
@@ -380,6 +464,12 @@ def _network(config: dict, state: dict[str, torch.Tensor], path, what: str = "")
         raise CheckpointError(f"checkpoint {what}config is invalid ({e}): {path}") from None
     model = InDeed(cfg)
     expected = model.state_dict()
+    for k in [k for k in state if k.endswith(Q4_SCALE_SUFFIX)]:  # Eq. (4-bit weights), by the config's shapes
+        name, scale = k[: -len(Q4_SCALE_SUFFIX)], state.pop(k)
+        try:
+            state[name] = dequantize_4bit_weights(state[name], scale, tuple(expected[name].shape))
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {what}4-bit tensor {name} is damaged ({e}): {path}") from None
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

@@ -212,6 +212,8 @@ def _describe(path: Path, origin: str, name: str) -> dict:
             members=1 + len(meta["members"]),
             memory_entries=(meta["memory"] or {}).get("entries"),  # a detector's memory of normal features
             memory_bits=meta["memory"].get("bits", 8) if meta["memory"] else None,  # its bank's storage
+            # the largest convolutions' storage: 8 (int8), 4 (Eq. (4-bit weights)), None (all float16)
+            weight_bits=meta["weight_bits"] if meta["int8_min_weights"] is not None else None,
         )
     except CheckpointError as e:
         row["error"] = str(e)

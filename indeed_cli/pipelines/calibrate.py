@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..inference import resolve_device
 from ..model import load_checkpoint, resolve_weights, save_checkpoint
+from ..model.checkpoint import check_weight_bits, shared_trunk, stored_weights
 from ..model.memory import check_bank_bits
 from ..tasks.detection import (
     MEMORY_ENTRIES,
@@ -44,6 +45,7 @@ def calibrate_checkpoint(
     memory: list[Path] | str | None = None,
     memory_entries: int | None = None,
     memory_bits: int | None = None,
+    weight_bits: int | None = None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
@@ -61,8 +63,12 @@ def calibrate_checkpoint(
     to drop the memory a detector has; None keeps what it has; ``memory_entries``: the most entries the
     coreset keeps (default: tasks.detection.MEMORY_ENTRIES); ``memory_bits``: the bits per value the
     file stores that memory's bank in, 8 (default) or 4 (twice the entries in the same bytes); without
-    ``memory``, the memory the detector has is stored anew in them (:func:`rebanked`).
+    ``memory``, the memory the detector has is stored anew in them (:func:`rebanked`); ``weight_bits``:
+    the bits per weight the file stores its largest convolutions in, 8 (int8) or 4 (Eq. (4-bit
+    weights)), the networks rounded so before anything is measured on them (default: as ``src``).
     """
+    if weight_bits is not None:
+        check_weight_bits(weight_bits, "--weight-bits")
     if memory_bits is not None:
         check_bank_bits(memory_bits, "--memory-bits")
     dev = resolve_device(device)
@@ -72,6 +78,16 @@ def calibrate_checkpoint(
             raise ValueError("--member is for detectors: a denoiser has no map to average")
         others = [load_checkpoint(resolve_weights(str(m), ck.config.channels, "detect"), dev) for m in members]
         ck = with_members(ck, others)
+    nets = [ck.model, *(m.model for m in ck.members)]
+    if weight_bits is not None and weight_bits != ck.weight_bits:
+        if memory is None and ck.memory is not None and shared_trunk(ck.memory, nets) is not None:
+            raise ValueError(
+                f"--weight-bits {weight_bits} rounds the trunk this detector's memory reads its features with: "
+                "fill the memory anew with --memory DIR|LIST (its training images), or drop it with --memory none"
+            )
+        ck = replace(ck, weight_bits=weight_bits)
+    for net in nets:  # every network as the file will hold it (added members too), before measuring
+        stored_weights(net, ck.int8_min_weights, ck.weight_bits)
     if memory_entries is not None and (memory is None or memory == "none"):
         raise ValueError("--memory-entries sizes a memory that --memory fills: give --memory DIR|LIST too")
     if memory_bits is not None and memory == "none":
@@ -111,6 +127,6 @@ def calibrate_checkpoint(
     extra = {**ck.extra, key: facts}
     save_checkpoint(
         output, ck.model, ck.training, extra, int8_min_weights=ck.int8_min_weights, members=ck.members,
-        memory=ck.memory,
+        memory=ck.memory, weight_bits=ck.weight_bits,
     )  # fmt: skip
     return ck.config.task, key, facts

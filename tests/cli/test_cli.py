@@ -235,7 +235,7 @@ def test_models_shows_deployment_thresholds(run_cli, tmp_path, monkeypatch):
         {"ood": {"threshold": 0.25, "points": [[0, 0]]}},
     )
     save_checkpoint(wdir / "det.safetensors", tiny_model(1, task="detect"), {}, {"detect": {"threshold": 0.5}})
-    save_checkpoint(wdir / "raw.safetensors", tiny_model(1), {})
+    save_checkpoint(wdir / "raw.safetensors", tiny_model(1), {}, int8_min_weights=1000, weight_bits=4)
     pair = Checkpoint(tiny_model(1, task="detect"), tiny_model(1, task="detect").cfg, {}, {}, "p")
     from indeed_cli.model.memory import FeatureMemory
 
@@ -253,6 +253,7 @@ def test_models_shows_deployment_thresholds(run_cli, tmp_path, monkeypatch):
     assert (rows["det"]["members"], rows["pair"]["members"]) == (1, 2)
     assert (rows["det"]["memory_entries"], rows["pair"]["memory_entries"]) == (None, 3)
     assert (rows["det"]["memory_bits"], rows["pair"]["memory_bits"]) == (None, 4)
+    assert (rows["den"]["weight_bits"], rows["raw"]["weight_bits"]) == (None, 4)  # all float16; 4-bit convolutions
     assert (rows["den"]["ood_threshold"], rows["den"]["detect_threshold"]) == (0.25, None)
     assert (rows["det"]["ood_threshold"], rows["det"]["detect_threshold"]) == (None, 0.5)
     assert rows["raw"]["ood_threshold"] is None and "points" not in out

@@ -418,6 +418,12 @@ def test_calibrate_memory_entries_bounds_the_coreset(tmp_path, run_cli, rng):
         assert code == 0, err
         assert read_metadata(out)["memory"]["entries"] == want
         assert load_checkpoint(out).memory.bits == (4 if "--memory-bits" in entries else 8)
+    # --weight-bits 4 stores the int8-sized convolutions in 4 bits: half their bytes
+    q8 = save_checkpoint(tmp_path / "q8.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]},
+                         int8_min_weights=1000)  # fmt: skip
+    q4 = tmp_path / "q4.safetensors"
+    code, _, err = run_cli("calibrate", "-w", q8, "--data", normal, "--weight-bits", "4", "-o", q4)
+    assert code == 0 and read_metadata(q4)["weight_bits"] == 4 and q4.stat().st_size < q8.stat().st_size, err
     # without --memory, --memory-bits stores the memory the detector has anew: rounded, radii again
     small = tmp_path / "small.safetensors"
     code, _, err = run_cli("calibrate", "-w", tmp_path / "mem90.safetensors", "--data", normal, "--memory-bits", "4",
@@ -433,6 +439,7 @@ def test_calibrate_memory_entries_bounds_the_coreset(tmp_path, run_cli, rng):
         ("--memory-bits", "4"): True,  # this detector has no memory to store anew
         ("--memory", "none", "--memory-bits", "4"): True,
         ("--memory", str(normal), "--memory-bits", "5"): True,
+        ("--weight-bits", "3"): True,
     }
     for args, one_line in refused.items():
         bad = tmp_path / "bad.safetensors"

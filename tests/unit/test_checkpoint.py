@@ -53,6 +53,71 @@ def test_int8_storage_round_trip_error_bound_and_size(tmp_path):
     assert all(torch.equal(v, C.load_checkpoint(again).model.state_dict()[k]) for k, v in got.items())
 
 
+def test_four_bit_weights_are_fifteen_symmetric_levels_packed_two_a_byte():
+    """Eq. (4-bit weights) against a direct computation: codes q + 8 with q = round(w / s) in -7..7,
+    s = max|w| / 7 per output channel (float16), the even weight in the low half of its byte."""
+    torch.manual_seed(0)
+    w = torch.randn(6, 3, 3, 3)  # 27 weights a channel: the last byte is padded
+    codes, scale = C.quantize_4bit_weights(w)
+    assert codes.dtype == torch.uint8 and codes.shape == (6, 14) and scale.dtype == torch.float16
+    s = (w.flatten(1).abs().amax(1) / 7).half().float()
+    q = torch.round(w.flatten(1) / s[:, None]).clamp(-7, 7)
+    assert torch.equal((codes[:, :13] & 15).float() - 8, q[:, 0:26:2])
+    assert torch.equal((codes >> 4)[:, :13].float() - 8, q[:, 1::2])
+    assert torch.equal(codes[:, 13] & 15, (q[:, 26] + 8).to(torch.uint8)) and (codes[:, 13] >> 4 == 8).all()
+    back = C.dequantize_4bit_weights(codes, scale, tuple(w.shape))
+    assert torch.equal(back, (q * s[:, None]).view_as(w))
+    assert ((back - w).flatten(1).abs().amax(1) <= 0.5 * s * 1.01 + 1e-7).all()  # half a step at most
+    assert torch.equal(C.dequantize_4bit_weights(*C.quantize_4bit_weights(back), tuple(w.shape)), back)  # idempotent
+    with pytest.raises(ValueError, match="4-bit codes"):
+        C.dequantize_4bit_weights(codes, scale, (6, 3, 3, 4))
+
+
+def test_four_bit_weight_storage_round_trip_is_what_stored_weights_rounds_to(tmp_path):
+    m = tiny_model(3, seed=4)
+    big = {k for k, v in m.state_dict().items() if v.dim() == 4 and v.numel() >= 1000}
+    q8 = C.save_checkpoint(tmp_path / "a.safetensors", m, {"steps": 5}, {"ood": [1]}, int8_min_weights=1000)
+    q4 = C.save_checkpoint(
+        tmp_path / "b.safetensors", m, {"steps": 5}, {"ood": [1]}, int8_min_weights=1000, weight_bits=4
+    )
+    big_bytes = sum(m.state_dict()[k].numel() for k in big)
+    assert q8.stat().st_size - q4.stat().st_size >= 0.49 * big_bytes  # half the bytes of the int8 convolutions
+    meta = C.read_metadata(q4)
+    assert (meta["weight_bits"], meta["int8_min_weights"], C.read_metadata(q8)["weight_bits"]) == (4, 1000, 8)
+    from safetensors import safe_open
+
+    with safe_open(str(q4), "pt") as f:
+        assert f.metadata()["format_version"] == str(C.WEIGHTS4_FORMAT_VERSION)
+        assert {k[: -len(C.Q4_SCALE_SUFFIX)] for k in f.keys() if k.endswith(C.Q4_SCALE_SUFFIX)} == big
+    ck = C.load_checkpoint(q4)
+    assert ck.weight_bits == 4 and ck.extra == {"ood": [1]}
+    rounded = C.stored_weights(tiny_model(3, seed=4), 1000, 4).state_dict()
+    src, got = m.state_dict(), ck.model.state_dict()
+    for k in src:
+        if k in big:
+            assert torch.equal(got[k], rounded[k]), k
+            assert not torch.equal(got[k], C.load_checkpoint(q8).model.state_dict()[k])  # coarser than int8
+        else:
+            assert torch.equal(got[k], src[k].half().float()), k
+    # rewriting it (what indeed calibrate does) keeps the 4-bit storage and the weights exactly
+    again = C.save_checkpoint(tmp_path / "c.safetensors", ck.model, int8_min_weights=1000, weight_bits=ck.weight_bits)
+    assert again.stat().st_size < q4.stat().st_size + 100
+    assert all(torch.equal(v, C.load_checkpoint(again).model.state_dict()[k]) for k, v in got.items())
+    with pytest.raises(ValueError, match="8 or 4"):
+        C.save_checkpoint(tmp_path / "d.safetensors", m, weight_bits=2)
+    # a file whose 4-bit codes do not fit the config is refused in one line
+    from safetensors.torch import load_file
+
+    with safe_open(str(q4), "pt") as f:
+        meta = f.metadata()
+    state = load_file(str(q4))
+    name = sorted(big)[0]
+    state[name] = state[name][:, :-1].contiguous()
+    save_file(state, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(C.CheckpointError, match="4-bit tensor"):
+        C.load_checkpoint(tmp_path / "bad.safetensors")
+
+
 def test_int8_tensor_without_its_scale_is_refused(tmp_path):
     m = tiny_model(1)
     p = C.save_checkpoint(tmp_path / "q.safetensors", m, int8_min_weights=1000)

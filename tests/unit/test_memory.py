@@ -336,3 +336,41 @@ def test_onnx_metadata_gives_the_threshold_learned_without_the_memory(tmp_path, 
     assert "indeed.memory" in meta
     # the graph's map is scored by its own top5, the score threshold_without was learned on
     assert ck.extra["detect"]["score_kind"] == "top5_joint" and meta["indeed.score"] == "top5"
+
+
+def test_calibrating_to_four_bit_weights_rebuilds_the_memory_through_the_rounded_trunk(tmp_path, rng):
+    """`indeed calibrate --weight-bits 4`: the networks are rounded to Eq. (4-bit weights) before
+    anything is measured, so the memory filled through the rounded trunk still shares it and the
+    stored threshold is the saved file's own; without --memory the stale memory is refused."""
+    from indeed_cli.io import write_image
+    from indeed_cli.model import Checkpoint
+    from indeed_cli.model.checkpoint import load_support_features
+    from indeed_cli.pipelines import calibrate_checkpoint
+
+    feat = tiny_model(1, task="detect", support_width=8, support_features="efficientnet-lite0", seed=3)
+    load_support_features(feat, resolve_feature_weights(None, "efficientnet-lite0"))
+    plain = tiny_model(1, task="detect", support_width=8)
+    paths = []
+    for i in range(3):
+        paths.append(write_image(tmp_path / f"n{i}.png", rng.integers(90, 160, (1, 40, 48)).astype(np.float32) / 255))
+    mem = build_memory(bundled_trunk(), [str(p) for p in paths], 1, share=1.0)
+    member = Checkpoint(feat, feat.cfg, {}, {"detect": {"scales": [1.0]}})
+    src = save_checkpoint(
+        tmp_path / "s.safetensors", plain, {"scales": [1.0]}, {}, int8_min_weights=1000, members=[member], memory=mem
+    )
+    assert read_metadata(src)["memory"]["trunk"] == "1"
+    with pytest.raises(ValueError, match="--memory"):
+        calibrate_checkpoint(src, tmp_path / "x.safetensors", paths, "cpu", weight_bits=4)
+    assert not (tmp_path / "x.safetensors").exists()
+    out = tmp_path / "q4.safetensors"
+    _, _, facts = calibrate_checkpoint(src, out, paths, "cpu", memory=paths, memory_entries=64, weight_bits=4)
+    meta = read_metadata(out)
+    assert meta["weight_bits"] == 4 and meta["memory"]["trunk"] == "1"  # the rounded trunk, still stored once
+    assert out.stat().st_size < src.stat().st_size
+    ck = load_checkpoint(out)
+    before = load_checkpoint(src).members[0].model.support.features.state_dict()
+    after = ck.members[0].model.support.features.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the trunk was rounded
+    again = calibrate(ck, [str(p) for p in paths])  # the threshold is the saved file's own
+    assert np.isclose(again["threshold"], facts["threshold"], rtol=1e-5)
+    assert np.isclose(again["pixel_threshold"], facts["pixel_threshold"], rtol=1e-5)
