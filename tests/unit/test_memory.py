@@ -54,6 +54,31 @@ def test_distance_is_the_nearest_bank_entry_computed_directly(rng):
     assert full.entries == 4 * 6 and near < 0.5 and far > 10 * near
 
 
+def test_distance_searches_a_bank_of_several_chunks_as_one(rng):
+    """Eq. (normal feature distance) over a bank of more than BANK_CHUNK entries, searched chunk by
+    chunk: the nearest entry of all, and of equal entries the first (whose radius is read)."""
+    from indeed_cli.model.memory import BANK_CHUNK, FeatureMemory
+
+    mem = FeatureMemory(2 * BANK_CHUNK + 100)
+    mem.trunk.load_state_dict({k: v.float() for k, v in bundled_trunk().items()})
+    img = torch.from_numpy(rng.random((1, 1, 40, 48), dtype=np.float32))
+    q = mem.patch_features(img)
+    bank = torch.from_numpy(rng.normal(0, 1, (mem.entries, q.shape[1])).astype(np.float32)) * q.std() + q.mean()
+    # each patch's own features somewhere in the bank, patch 0's in the last chunk and again in the first
+    where = torch.from_numpy(rng.choice(np.arange(8, mem.entries), q.shape[0], replace=False))
+    near_q = q + 0.05 * q.std() * torch.from_numpy(rng.normal(0, 1, q.shape).astype(np.float32))
+    bank[where] = near_q
+    bank[2 * BANK_CHUNK + 50], bank[7] = near_q[0], near_q[0]
+    where[0] = 7
+    mem.bank.copy_(bank)
+    mem.density.copy_(torch.from_numpy(rng.uniform(0.5, 2.0, mem.entries).astype(np.float32)))
+    near, which = torch.cdist(q.double(), bank.double()).min(1)
+    want = (near / mem.density.double()[which]).view(5, 6)
+    got = mem.distance(img)
+    assert torch.allclose(got.double(), want, rtol=1e-3, atol=1e-4)
+    assert torch.equal(which, where) and which.max() >= BANK_CHUNK  # found in every chunk, entry 7 first
+
+
 def test_density_radius_is_the_mean_distance_to_the_nearest_other_entries(rng):
     """Eq. (memory density) against all pairwise distances computed directly; duplicates floored,
     a single entry (no other to measure) and equal entries give radius 1 (the plain distance)."""
