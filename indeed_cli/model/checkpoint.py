@@ -129,9 +129,7 @@ def save_checkpoint(
         raise ValueError(f"only detectors have members; this is a {model.cfg.task} model")
     if memory is not None and model.cfg.task != "detect":
         raise ValueError(f"only detectors have a feature memory; this is a {model.cfg.task} model")
-    check_weight_bits(weight_bits)
-    if weight_bits == 4 and int8_min_weights is None:
-        int8_min_weights = INT8_MIN_WEIGHTS
+    int8_min_weights = _storage_rule(int8_min_weights, weight_bits)
     tensors = _tensors(model, dtype, int8_min_weights, weight_bits)
     for k, member in enumerate(members, 1):
         own = _tensors(member.model, dtype, int8_min_weights, weight_bits)
@@ -227,6 +225,13 @@ def check_weight_bits(bits: int, option: str = "weight_bits") -> int:
     return bits
 
 
+def _storage_rule(int8_min_weights: int | None, weight_bits: int) -> int | None:
+    """The ``int8_min_weights`` a file is stored by: its own, or :data:`INT8_MIN_WEIGHTS` where
+    4-bit storage is asked of a file that stored every tensor in float16."""
+    check_weight_bits(weight_bits)
+    return INT8_MIN_WEIGHTS if weight_bits == 4 and int8_min_weights is None else int8_min_weights
+
+
 def _stored_large(v: torch.Tensor, int8_min_weights: int | None) -> bool:
     """Whether a tensor is one of the convolutions a file stores in int8 or 4 bits."""
     return int8_min_weights is not None and v.dim() == 4 and v.numel() >= int8_min_weights
@@ -311,9 +316,7 @@ def stored_weights(model: InDeed, int8_min_weights: int | None, weight_bits: int
     """``model`` with its convolutions of at least ``int8_min_weights`` weights rounded in place to
     what a file stores of them in ``weight_bits`` (int8 or Eq. (4-bit weights)), so that statistics
     learned on it (a threshold, a memory read through its trunk) hold for the saved file."""
-    check_weight_bits(weight_bits)
-    if weight_bits == 4 and int8_min_weights is None:
-        int8_min_weights = INT8_MIN_WEIGHTS
+    int8_min_weights = _storage_rule(int8_min_weights, weight_bits)
     with torch.no_grad():
         for p in model.parameters():
             if not _stored_large(p, int8_min_weights):
