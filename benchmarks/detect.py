@@ -16,6 +16,8 @@ read out as the detector defines it (|mu_S| smoothed, or the support posterior q
 and scored by its own image score (``--score`` sets one for all); network maps are read out at the
 checkpoint's scales (``--scales`` overrides them).
 Several detectors side by side: ``--weights NAME=PATH,NAME=PATH`` and ``--methods NAME,...``.
+``--precision own,fp32`` reads every network out at each precision, a row each (own: the one its
+threshold was learned at, ``indeed calibrate --precision``).
 Rows "half A" / "half B" split every class (and the normal images) by the parity of the image's
 index: choose on one half, check on the other.
 """
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mt_split import split  # noqa: E402
 
-from indeed_cli.inference import check_ensemble, resolve_device  # noqa: E402
+from indeed_cli.inference import InferenceOptions, check_ensemble, resolve_device  # noqa: E402
 from indeed_cli.io import load_mask, read_image  # noqa: E402
 from indeed_cli.metrics import detection_metrics  # noqa: E402
 from indeed_cli.model import load_checkpoint  # noqa: E402
@@ -107,6 +109,12 @@ def main() -> None:
         default=None,
         help="maps averaged over N flips and rotations for every network (2, 4, 8; default: each checkpoint's own)",
     )
+    ap.add_argument(
+        "--precision",
+        default="own",
+        help="own (the precision each detector's threshold was learned at), fp32, bf16, auto or a list "
+        "(own,fp32): the networks' read-out precision, each a row of its own",
+    )
     ap.add_argument("--peer-scale", type=float, default=1.0, help="patchcore: input scale")
     ap.add_argument(
         "--peer-normal",
@@ -145,8 +153,12 @@ def main() -> None:
     for m, ck in models.items():
         used = f"scales {scales or readout_scales(ck)}, ensemble {ensemble or readout_ensemble(ck)}"
         print(f"{m}: {ck.source}, {used}", file=sys.stderr)
+    precisions = a.precision.split(",")
+    runs = [(m, p) for m in methods for p in (precisions if m in models else ["own"])]
     results = {}
-    for m in methods:
+    for m, precision in runs:
+        label = f"{m} {precision}" if m in models and len(precisions) > 1 else m
+        opts = InferenceOptions(precision=None if precision == "own" else precision)
         maps, masks, scores, labels, classes = [], [], [], [], []
         t0 = time.perf_counter()
         for cls, p in items:
@@ -158,7 +170,7 @@ def main() -> None:
                 amap = peer.anomaly_map(img.data)
                 score = float(amap.max())
             else:
-                det = detect(models[m], img, scales=scales, score=a.score, ensemble=ensemble)
+                det = detect(models[m], img, opts, scales=scales, score=a.score, ensemble=ensemble)
                 amap, score = det.anomaly_map, det.score
             mask = load_mask(p, amap.shape)
             maps.append(amap)
@@ -175,20 +187,20 @@ def main() -> None:
             row[name] = detection_metrics(
                 maps, masks, scores, labels, [i for i in range(len(items)) if half[i] == parity]
             )
-        results[m] = row
-        print(json.dumps({m: row["all"], "s/img": round(secs, 3)}), file=sys.stderr, flush=True)
+        results[label] = row
+        print(json.dumps({label: row["all"], "s/img": round(secs, 3)}), file=sys.stderr, flush=True)
     print(
         f"Command: `python {' '.join(sys.argv)}`  \nNormal evaluation images: {sum(c == 'normal' for c, _ in items)}, "
         f"defective: {sum(c != 'normal' for c, _ in items)} "
         "(masks binarised at 128; an image is anomalous when its mask is non-empty)\n"
     )
     print("| method | subset | pixel AUROC | pixel AP | image AUROC |\n|---|---|---|---|---|")
-    for m in methods:
+    for m in results:
         for cls in ["all"] + DEFECTS + list(HALVES):
             r = results[m][cls]
             print(f"| {m} | {cls} (+ normal) | {r['pixel_auroc']:.4f} | {r['pixel_ap']:.4f} | {r['image_auroc']:.4f} |")
     print(f"\n| method | s / image ({a.device}) |\n|---|---|")
-    for m in methods:
+    for m in results:
         print(f"| {m} | {results[m]['seconds_per_image']:.2f} |")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))

@@ -26,7 +26,7 @@ from common import cpu_name  # noqa: E402  (benchmarks/ is on the path: the scri
 
 from indeed_cli import InferenceOptions, denoise, detect, load_model  # noqa: E402
 from indeed_cli.inference.runtime import _cpu_flags  # noqa: E402  (the flags line of /proc/cpuinfo)
-from indeed_cli.model import network  # noqa: E402
+from indeed_cli.model import memory, network  # noqa: E402
 
 
 def cpu_description() -> str:
@@ -63,6 +63,11 @@ def main() -> None:
         default="on",
         help="on, off or on,off: residual blocks as fused cuDNN (GPU) or oneDNN (CPU) calls (network.FUSED_BLOCKS)",
     )
+    ap.add_argument(
+        "--search",
+        default="quantised",
+        help="quantised, exact or both: a detector memory's search on a CPU (model.memory.QUANTISED_SEARCH)",
+    )
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's top operations (last setting)")
     a = ap.parse_args()
     if a.task == "detect":
@@ -75,24 +80,28 @@ def main() -> None:
     torch.backends.cudnn.benchmark = a.cudnn_benchmark
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_description()
     print(f"Command: `python {' '.join(sys.argv)}`  \nDevice: {name}, torch {torch.__version__}\n")
-    print("| size | read-out | overlap | batch | precision | fused | s / image | MP/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| size | read-out | overlap | batch | precision | fused | search | s / image | MP/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     readouts = {"default": None, "whole": True, "tiles": False}
     for size in a.size:
         h, w = (int(v) for v in size.split("x")) if "x" in size else (int(size), int(size))
         y = np.random.default_rng(0).random((a.channels, h, w), dtype=np.float32)
         settings = [
-            (r, ov, b, p, f)
+            (r, ov, b, p, f, sr)
             for r in a.readout.split(",")
             for ov in map(int, a.overlap.split(","))
             for b in map(int, a.batch.split(","))
             for p in a.precision.split(",")
             for f in a.fused.split(",")
+            for sr in a.search.split(",")
         ]
-        for r, ov, b, p, f in settings:
+        for r, ov, b, p, f, sr in settings:
             if f not in ("on", "off"):
                 raise SystemExit(f"--fused takes on and/or off, got {f!r}")
+            if sr not in ("quantised", "exact"):
+                raise SystemExit(f"--search takes quantised and/or exact, got {sr!r}")
             network.FUSED_BLOCKS = f == "on"
+            memory.QUANTISED_SEARCH = sr == "quantised"
             # warm-up pays compiling
             o = InferenceOptions(overlap=ov, batch=b, precision=p, compile=a.compile, whole_image=readouts[r])
             run(ck, y, o)
@@ -106,7 +115,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                 ts.append(time.perf_counter() - t)
             s = float(np.median(ts))
-            print(f"| {h}x{w} | {r} | {ov} | {b} | {p} | {f} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
+            print(f"| {h}x{w} | {r} | {ov} | {b} | {p} | {f} | {sr} | {s:.3f} | {h * w / s / 1e6:.2f} |", flush=True)
     print(f"\npeak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     if a.profile:  # where one run's time goes: CPU-side work vs device kernels and copies
         from torch.profiler import ProfilerActivity, profile

@@ -96,6 +96,16 @@ def calibrate_cmd(
             "Default: as the checkpoint.",
         ),
     ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            "--precision",
+            metavar="fp32|bf16|auto",
+            help="detect: the read-out precision the threshold is learned at, stored with it; `indeed detect` "
+            "then reads out at it unless given --precision. auto: bf16 where the hardware has it (GPUs, CPUs "
+            "with AMX or AVX512-BF16), fp32 elsewhere. Default: the detector's own (fp32 if never calibrated).",
+        ),
+    ] = None,
     device: Device = "auto",
     json_out: Json = False,
     force: Force = False,
@@ -138,6 +148,7 @@ def calibrate_cmd(
             memory_entries=memory_entries,
             memory_bits=memory_bits,
             weight_bits=weight_bits,
+            precision=precision,
         )
     except ValueError as e:
         raise CLIError(str(e)) from None

@@ -54,12 +54,13 @@ Batch = Annotated[
     int | None, typer.Option("--batch", metavar="TILES", min=1, help="Tiles per device batch (default 8 CPU, 256 GPU).")
 ]
 Precision = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--precision",
         metavar="fp32|bf16|auto",
         help="fp32, bf16 (a bf16 copy of the network; fast on GPUs and CPUs with AMX or AVX512-BF16), "
-        "or auto: bf16 where the hardware has it, fp32 elsewhere.",
+        "or auto: bf16 where the hardware has it, fp32 elsewhere. Default: fp32; a detector's, the "
+        "precision its threshold was learned at (`indeed calibrate --precision`).",
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON line per image on stdout.")]
@@ -100,7 +101,7 @@ Tiled = Annotated[
 
 
 def inference_options(
-    tile: int, overlap: int, batch: int | None, precision: str, compile: bool = False, tiled: bool = False
+    tile: int, overlap: int, batch: int | None, precision: str | None, compile: bool = False, tiled: bool = False
 ) -> InferenceOptions:
     """The InferenceOptions of the shared options, checked before any work."""
     whole = False if tiled else None  # None: whole images up to WHOLE_IMAGE_PIXELS
@@ -123,7 +124,7 @@ class RunOptions:
     tile: int = 128
     overlap: int = 32
     batch: int | None = None
-    precision: str = "fp32"
+    precision: str | None = None  # None: fp32, and a detector's own precision (readout_precision)
     json_out: bool = False
     force: bool = False
     quiet: bool = False
@@ -154,7 +155,7 @@ class RunOptions:
 
 SHARED = {  # name -> (annotation, default), in the order --help lists them
     "weights": (Weights, None), "device": (Device, "auto"), "tile": (Tile, 128), "overlap": (Overlap, 32),
-    "batch": (Batch, None), "precision": (Precision, "fp32"), "json_out": (Json, False), "force": (Force, False),
+    "batch": (Batch, None), "precision": (Precision, None), "json_out": (Json, False), "force": (Force, False),
     "quiet": (Quiet, False), "recursive": (Recursive, False), "compile_net": (Compile, False), "tiled": (Tiled, False),
     "skip_existing": (SkipExisting, False),
     "shard": (Shard, None),

@@ -33,8 +33,11 @@ def _cpu_flags() -> str:
         return ""
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """``auto`` becomes bf16 where the device computes it natively, fp32 elsewhere."""
+def resolve_precision(precision: str | None, device: torch.device) -> str:
+    """``auto`` becomes bf16 where the device computes it natively, fp32 elsewhere; None (no precision
+    asked for, and none a detector stores: :func:`~indeed_cli.tasks.detection.readout_precision`) fp32."""
+    if precision is None:
+        return "fp32"
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be fp32, bf16 or auto, got {precision!r}")
     if precision != "auto":
@@ -75,7 +78,10 @@ class InferenceOptions:
     tile: int = 128
     overlap: int = 32
     batch: int | None = None  # tiles per forward pass; default 8 on a CPU, 256 on a GPU (docs/results.md)
-    precision: str = "fp32"  # fp32, bf16 (a bf16 copy of the network: network_for), or auto (resolve_precision)
+    # fp32, bf16 (a bf16 copy of the network: network_for), or auto (resolve_precision); None: the
+    # checkpoint's own, which for a detector is the precision its threshold was learned at
+    # (tasks.detection.readout_precision) and fp32 for every other network
+    precision: str | None = "fp32"
     compile: bool = False  # torch.compile the network: tens of seconds once, faster on many images
     # detectors with f_thetaM: run f_thetaS and f_thetaM on the whole image (mu_L still by tiles);
     # None: when it holds at most WHOLE_IMAGE_PIXELS; False: by tiles, as the ONNX tile network does
@@ -87,7 +93,7 @@ class InferenceOptions:
             raise ValueError(f"--tile must be a multiple of {multiple}, got {self.tile}")
         if not 0 <= self.overlap < self.tile:
             raise ValueError(f"--overlap ({self.overlap}) must be smaller than --tile ({self.tile})")
-        if self.precision not in PRECISIONS:
+        if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be fp32, bf16 or auto, got {self.precision!r}")
         if self.batch is not None and self.batch < 1:
             raise ValueError(f"--batch must be at least 1, got {self.batch}")
@@ -96,7 +102,7 @@ class InferenceOptions:
         return self.batch or (256 if device.type == "cuda" else 8)
 
 
-def network_for(ckpt: Checkpoint, precision: str = "fp32", compile: bool = False) -> nn.Module:
+def network_for(ckpt: Checkpoint, precision: str | None = "fp32", compile: bool = False) -> nn.Module:
     """The network that runs ``ckpt``'s inference at ``precision``, compiled or not.
 
     fp32: ``ckpt.model`` itself.  bf16: a bf16 copy of it, run without autocast.  Autocast would

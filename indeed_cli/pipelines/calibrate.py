@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..inference import resolve_device
+from ..inference import InferenceOptions, resolve_device
 from ..model import load_checkpoint, resolve_weights, save_checkpoint
 from ..model.checkpoint import check_weight_bits, shared_trunk, stored_weights
 from ..model.memory import check_bank_bits
@@ -46,6 +46,7 @@ def calibrate_checkpoint(
     memory_entries: int | None = None,
     memory_bits: int | None = None,
     weight_bits: int | None = None,
+    precision: str | None = None,
 ) -> tuple[str, str, dict]:
     """Load ``src``, measure on ``paths``, write ``output`` with ``extra[key] = facts``.
 
@@ -65,8 +66,13 @@ def calibrate_checkpoint(
     file stores that memory's bank in, 8 (default) or 4 (twice the entries in the same bytes); without
     ``memory``, the memory the detector has is stored anew in them (:func:`rebanked`); ``weight_bits``:
     the bits per weight the file stores its largest convolutions in, 8 (int8) or 4 (Eq. (4-bit
-    weights)), the networks rounded so before anything is measured on them (default: as ``src``).
+    weights)), the networks rounded so before anything is measured on them (default: as ``src``);
+    ``precision`` (detect): fp32, bf16 or auto, the read-out precision the threshold is learned at and
+    stored with, at which ``indeed detect`` then reads out (default: the detector's own, fp32 for one
+    never calibrated).
     """
+    if precision is not None:
+        InferenceOptions(precision=precision).check()  # before loading anything
     if weight_bits is not None:
         check_weight_bits(weight_bits, "--weight-bits")
     if memory_bits is not None:
@@ -112,8 +118,11 @@ def calibrate_checkpoint(
     if ck.config.task == "detect":
         quantile = QUANTILE if quantile is None else quantile
         ensemble = 1 if ensemble is None else ensemble_setting(ensemble)
-        key, facts = "detect", calibrate(ck, paths, scales=scales, quantile=quantile, ensemble=ensemble)
+        opts = InferenceOptions(precision=precision)
+        key, facts = "detect", calibrate(ck, paths, opts, scales=scales, quantile=quantile, ensemble=ensemble)
     else:
+        if precision is not None:
+            raise ValueError("--precision is for detectors: a denoiser's OOD statistics are measured in fp32")
         if scales:
             raise ValueError("--scales is for detectors: a denoiser has no read-out scales")
         if ensemble is not None:

@@ -138,7 +138,7 @@ def _steps(
         for item in pending:  # adapted from the adapt default unless weights were named; the record says which
             item["ckpt"] = models.get(item["img"].channels, job="adapt")
         results, _ = adapt_images(
-            [(it["ckpt"], it["img"].data) for it in pending], AdaptConfig(precision=opts.precision), opts.tile
+            [(it["ckpt"], it["img"].data) for it in pending], AdaptConfig(precision=opts.precision or "fp32"), opts.tile
         )
         share = (time.perf_counter() - t0) / len(pending)
         readout = oag_readout(opts, models.device)

@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..inference import InferenceOptions
+from ..inference import InferenceOptions, resolve_precision
 from ..io import ImageError, LoadedImage, atomic_save, atomic_write_via
 from ..model import Checkpoint
 from ..tasks.detection import (
     detect,
     detect_tiles,
     readout_ensemble,
+    readout_options,
     readout_scales,
     stored_pixel_threshold,
     stored_threshold,
@@ -79,7 +80,8 @@ def detect_folder(
     """Map anomalies of ``inputs`` into the folder ``maps`` (:func:`map_files` names the files).
 
     ``threshold``, ``scales`` and ``ensemble`` (flips and rotations whose maps are averaged,
-    :func:`~indeed_cli.tasks.detection.detect`) default to what the detector was calibrated with.  Each Outcome's
+    :func:`~indeed_cli.tasks.detection.detect`) default to what the detector was calibrated with, and
+    so does the precision where ``options`` ask for none (``precision=None``; ``options`` None).  Each Outcome's
     record holds the image score, whether it is anomalous (score above the threshold), the share of
     pixels above the pixel threshold (the detector's own, ``threshold`` where given) and the map files.
     Errors and ``shard`` as :func:`~indeed_cli.pipelines.denoise_folder`.
@@ -87,7 +89,7 @@ def detect_folder(
     maps = Path(maps)
     if ensemble is not None:
         ensemble = ensemble_setting(ensemble)
-    opts = options or InferenceOptions()
+    opts = options or InferenceOptions(precision=None)
     progress = progress or Progress()
     every = paths = expand_inputs(inputs, recursive)
     require_folder(maps, "--maps")
@@ -109,11 +111,12 @@ def detect_folder(
                 tp = threshold if threshold is not None else stored_pixel_threshold(ck)
                 use = scales or readout_scales(ck)
                 n = ensemble or readout_ensemble(ck)
+                own = readout_options(ck, opts)  # the detector's precision where none was asked for
                 t0 = time.perf_counter()
-                tiles = detect_tiles(ck, *img.size, opts, use, n)
+                tiles = detect_tiles(ck, *img.size, own, use, n)
                 note_large_image(progress, src.name, *img.size, img.channels, tiles)
                 with progress.tiles(src.name, tiles) as advance:
-                    det = detect(ck, img, opts, progress=advance, scales=use, ensemble=n)
+                    det = detect(ck, img, own, progress=advance, scales=use, ensemble=n)
             except ImageError as e:
                 yield Outcome(src, {"image": str(src)}, e)
                 continue
@@ -125,6 +128,7 @@ def detect_folder(
                 "threshold": t,
                 "pixel_threshold": tp,
                 "ensemble": n,
+                "precision": resolve_precision(own.precision, next(ck.model.parameters()).device),
                 "anomalous_fraction": round(float((amap > tp).mean()), 6),
                 "maps": {k: str(v) for k, v in files.items()},
                 "weights": ck.source,

@@ -147,10 +147,11 @@ def evaluate_detect(
     """Pixel AUROC/AP and image AUROC of :func:`~indeed_cli.tasks.detection.detect` over images whose
     masks lie beside them (no mask: a normal image), for all images and per folder, with how many
     anomalous and normal images the checkpoint's stored threshold flags.  ``ensemble``: the read-out
-    of ``indeed detect --ensemble N`` (default: the detector's calibrated one).  Returns the summary rows."""
+    of ``indeed detect --ensemble N`` (default: the detector's calibrated one), and the precision where
+    ``options`` ask for none (as :func:`~indeed_cli.pipelines.detect_folder`).  Returns the summary rows."""
     if ensemble is not None:
         ensemble = ensemble_setting(ensemble)
-    opts = options or InferenceOptions()
+    opts = options or InferenceOptions(precision=None)
     models = ModelCache(weights, device, task="detect")
     mask_suffix = mask_suffix.lower()
     paths = expand_inputs(inputs, recursive)

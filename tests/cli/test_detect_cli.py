@@ -185,6 +185,54 @@ def test_calibrate_learns_a_threshold_for_the_scales_asked(tmp_path, run_cli, rn
     assert code == 2 and "--scales" in err and not bad.exists()
 
 
+def test_calibrate_precision_is_stored_and_read_out_at(tmp_path, run_cli, rng, ckpt_paths):
+    """`indeed calibrate --precision bf16`: the threshold is learned on bf16 maps and the precision
+    stored with it; `indeed detect` then reads out in bf16 (its JSON says so, and its score is the
+    bf16 read-out's, not the fp32 one's) unless given --precision; recalibrating without
+    --precision keeps it; a bad value, or a denoiser, is refused in one line with nothing written."""
+    from conftest import tiny_model
+
+    from indeed_cli.inference import InferenceOptions
+    from indeed_cli.model import load_checkpoint, read_metadata, save_checkpoint
+    from indeed_cli.tasks.detection import detect, readout_precision
+
+    det = save_checkpoint(
+        tmp_path / "det.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]}
+    )
+    normal = tmp_path / "normal"
+    normal.mkdir()
+    for i in range(3):
+        write_png(normal / f"{i}.png", rng.integers(0, 256, (40, 48), dtype=np.uint8))
+    runs = {}
+    for p in ("bf16", "fp32"):
+        runs[p] = tmp_path / f"cal_{p}.safetensors"
+        code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "-o", runs[p], "--precision", p)
+        assert code == 0, err
+        assert read_metadata(runs[p])["extra"]["detect"]["precision"] == p
+    ck16, ck32 = (load_checkpoint(runs[p], "cpu") for p in ("bf16", "fp32"))
+    assert readout_precision(ck16) == "bf16" and readout_precision(ck32) == "fp32"
+    img = rng.random((1, 40, 48), dtype=np.float32)
+    own = detect(ck16, img)  # the detector's own precision
+    assert own.score == detect(ck16, img, InferenceOptions(precision="bf16")).score
+    assert own.score != detect(ck16, img, InferenceOptions(precision="fp32")).score
+    again = tmp_path / "again.safetensors"  # recalibrated without --precision: kept
+    assert run_cli("calibrate", "-w", runs["bf16"], "--data", normal, "-o", again, "--device", "cpu")[0] == 0
+    assert read_metadata(again)["extra"]["detect"]["precision"] == "bf16"
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    for extra, want in (((), "bf16"), (("--precision", "fp32", "--force"), "fp32")):
+        code, out, err = run_cli("detect", normal / "0.png", "--maps", maps, "-w", runs["bf16"], "--json",
+                                 "--device", "cpu", *extra)  # fmt: skip
+        assert code == 0, err
+        record = json.loads(out.strip().splitlines()[0])
+        assert record["precision"] == want
+    bad = tmp_path / "b.safetensors"
+    code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "-o", bad, "--precision", "fp16")
+    assert code == 2 and "--precision" in err and len(err.strip().splitlines()) == 1 and not bad.exists()
+    code, _, err = run_cli("calibrate", "-w", ckpt_paths[1], "--data", normal, "-o", bad, "--precision", "bf16")
+    assert code == 2 and "--precision" in err and not bad.exists()
+
+
 def test_calibrate_quantile_sets_the_operating_point(tmp_path, run_cli, rng, ckpt_paths):
     """`--quantile Q`: the threshold is that quantile of the normal images' scores (0.5: their median,
     1: their maximum); outside (0, 1], or for a denoiser, one line, exit 2 and nothing written."""

@@ -79,6 +79,76 @@ def test_distance_searches_a_bank_of_several_chunks_as_one(rng):
     assert torch.equal(which, where) and which.max() >= BANK_CHUNK  # found in every chunk, entry 7 first
 
 
+def _random_bank_memory(rng, entries: int):
+    """A memory of ``entries`` random entries about the features of a random image, each of whose
+    patches has a near copy somewhere in the bank; the image's patch features."""
+    from indeed_cli.model.memory import FeatureMemory
+
+    mem = FeatureMemory(entries)
+    mem.trunk.load_state_dict({k: v.float() for k, v in bundled_trunk().items()})
+    img = torch.from_numpy(rng.random((1, 1, 48, 64), dtype=np.float32))
+    q = mem.patch_features(img)
+    bank = torch.from_numpy(rng.normal(0, 1, (entries, q.shape[1])).astype(np.float32)) * q.std() + q.mean()
+    where = torch.from_numpy(rng.choice(entries, q.shape[0], replace=False))
+    bank[where] = q + 0.2 * q.std() * torch.from_numpy(rng.normal(0, 1, q.shape).astype(np.float32))
+    mem.bank.copy_(bank)
+    mem.density.copy_(torch.from_numpy(rng.uniform(0.5, 2.0, entries).astype(np.float32)))
+    return mem, q, img
+
+
+def test_quantised_search_scores_are_eq_quantised_search_computed_directly(rng):
+    """Eq. (quantised search): the int8 factors' product is round(w / alpha) . k_m - round(||m||^2 /
+    (2 alpha)), the norms held exactly by the extra columns, in int64 against the formula."""
+    from indeed_cli.model.memory import QUANTISED_SEARCH_MIN
+
+    mem, q, _ = _random_bank_memory(rng, QUANTISED_SEARCH_MIN + 5)
+    q_x, bank_x = mem.quantised_factors(q)
+    assert q_x.dtype == bank_x.dtype == torch.int8 and q_x.shape[1] == bank_x.shape[1] and q_x.shape[1] % 8 == 0
+    bank = mem.bank.double()
+    lo, step = bank.amin(0), (bank.amax(0) - bank.amin(0)) / 255
+    k = ((bank - lo) / step).round() - 128
+    w = q.double() * step
+    alpha = w.abs().max() / 127
+    want = (w / alpha).round() @ k.T - (bank.square().sum(1) / (2 * alpha)).round()
+    got = q_x.long() @ bank_x.long().T
+    # float32 against float64 rounding may move a half-way value by one step: at most one unit per term
+    assert (got - want.long()).abs().float().mean() < 0.5 and (got - want.long()).abs().max() <= q.shape[1] + 2
+    # the score ranks the entries as the distance does: the highest score's entry is (nearly) the nearest
+    near = torch.cdist(q.double(), bank).min(1).values
+    at_best = torch.cdist(q.double(), bank).gather(1, got.argmax(1, keepdim=True))[:, 0]
+    assert torch.all(at_best <= near * 1.02)
+
+
+def test_quantised_search_finds_the_exact_nearest_entry(rng):
+    """Eq. (quantised search) against the exact float32 search and a direct float64 one: the same
+    entries and distances for a bank of more than QUANTISED_SEARCH_MIN entries, an entry after the
+    last whole block among them; QUANTISED_SEARCH = False gives the exact search."""
+    from indeed_cli.model import memory as memory_module
+    from indeed_cli.model.memory import QUANTISED_SEARCH_MIN, SEARCH_BLOCK
+
+    entries = QUANTISED_SEARCH_MIN + SEARCH_BLOCK // 2  # a partial last block
+    mem, q, img = _random_bank_memory(rng, entries)
+    bank = mem.bank.clone()
+    bank[-1] = q[3]  # patch 3's own features in the partial block
+    mem.bank.copy_(bank)
+    near, which = torch.cdist(q.double(), bank.double()).min(1)
+    d2, got = mem.nearest(q)
+    assert int(got[3]) == entries - 1
+    assert torch.equal(got, which)
+    # (the product form's cancellation leaves about 0.02 where a patch equals its entry, as in the exact search)
+    assert torch.allclose(d2.clamp_min(0).sqrt().double(), near, rtol=1e-3, atol=0.05)
+    exact_d2, exact_which = mem.nearest_exact(q)
+    assert torch.equal(exact_which, which) and torch.allclose(d2, exact_d2, rtol=1e-4, atol=1e-3)
+    memory_module.QUANTISED_SEARCH = False
+    try:
+        assert torch.equal(mem.distance(img), (exact_d2.clamp_min(0).sqrt() / mem.density[exact_which]).view(6, 8))
+    finally:
+        memory_module.QUANTISED_SEARCH = True
+    # a bank changed in place is searched anew (its codes are remade)
+    mem.bank[7] = q[0]
+    assert int(mem.nearest(q)[1][0]) == 7
+
+
 def test_density_radius_is_the_mean_distance_to_the_nearest_other_entries(rng):
     """Eq. (memory density) against all pairwise distances computed directly; duplicates floored,
     a single entry (no other to measure) and equal entries give radius 1 (the plain distance)."""

@@ -15,6 +15,7 @@ from .maps import (
     image_score,
     map_definition,
     member_mean,
+    readout_options,
     readout_scales,
 )
 from .memory import distance_map, fuse, fuse_scores, fusion_stats, score_stats
@@ -41,11 +42,16 @@ def calibrate(
     A detector with a memory of normal features (``ckpt.memory``) also gets the statistics of
     Eq. (memory fusion) from the same images' pixels and those of Eq. (score fusion) from their
     scores (under "memory"); its image score is then ``top5_joint``, the threshold is learned on it,
-    and ``pixel_threshold``, the same quantile of the fused maps' top5, marks the maps' pixels."""
+    and ``pixel_threshold``, the same quantile of the fused maps' top5, marks the maps' pixels.
+
+    The maps are read out at ``opts.precision`` (None: the detector's :func:`readout_precision`,
+    fp32 for one never calibrated), which is stored with the threshold as ``precision`` (as asked:
+    ``auto`` stays ``auto``), and :func:`detect` reads out at it."""
     if not 0 < quantile <= 1:
         raise ValueError(f"--quantile must be in (0, 1], got {quantile:g}")
     ensemble = check_ensemble(ensemble)
     scales = tuple(scales or readout_scales(ckpt))
+    opts = readout_options(ckpt, opts)  # the precision asked for, else the one the detector has
     maps, distances = [], []
     for im in normal_images:
         data, _ = as_image(im)
@@ -81,6 +87,7 @@ def calibrate(
         "n_calibration": len(scores),
         "scales": list(scales),
         "ensemble": ensemble,
+        "precision": opts.precision,
         "map": definition,
         "score_kind": kind,
         "score": SCORE_DEFINITIONS[kind],

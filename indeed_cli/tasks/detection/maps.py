@@ -31,11 +31,14 @@ normal statistics stored beside the threshold.  Calibrated so since 2026-12-02, 
 ``top5_joint``, Eq. (score fusion): the fused map's top5 averaged with the distance map's, brought to
 its scale on normal images; its threshold is learned on that score, and the map's pixels are marked
 at a pixel threshold learned on the fused map's top5 as before (:func:`stored_pixel_threshold`).
+
+The precision of the read-out is stored with the threshold as well (``indeed calibrate --precision``,
+:func:`readout_precision`): a detector reads out at it unless asked for another.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -157,6 +160,20 @@ def readout_ensemble(ckpt: Checkpoint) -> int:
     return int((ckpt.extra.get("detect") or {}).get("ensemble", 1))
 
 
+def readout_precision(ckpt: Checkpoint) -> str:
+    """The precision a detector reads out at unless asked for another: the one its threshold was
+    learned at (``indeed calibrate --precision``: fp32, bf16, or auto, bf16 where the device computes
+    it natively); fp32 for detectors calibrated before it was stored."""
+    return str((ckpt.extra.get("detect") or {}).get("precision", "fp32"))
+
+
+def readout_options(ckpt: Checkpoint, opts: InferenceOptions | None) -> InferenceOptions:
+    """``opts`` with the detector's :func:`readout_precision` where they ask for none (None, or
+    ``precision=None``); its members read out at it too."""
+    opts = opts or InferenceOptions(precision=None)
+    return opts if opts.precision is not None else replace(opts, precision=readout_precision(ckpt))
+
+
 def detect_tiles(ckpt: Checkpoint, h: int, w: int, opts: InferenceOptions, scales=None, ensemble: int = 1) -> int:
     """Tiles a multi-scale read-out of ``ensemble`` transforms of the image runs, every member's (for
     progress bars; a turned image has as many tiles as the image)."""
@@ -216,10 +233,14 @@ def detect(
     Eq. (self-ensemble); None: as many as the detector's threshold was calibrated with
     (:func:`readout_ensemble`).  N read-outs, N times the time.
 
+    ``opts`` None, or of ``precision=None``: the networks read out at the detector's
+    :func:`readout_precision`, the one its threshold was learned at.
+
     A detector with a memory of normal features and its fusion statistics (:mod:`.memory`) maps
     Eq. (memory fusion) of that mean and its distance map (of the image itself, once), and scores
     the image by Eq. (score fusion) where it was calibrated so (``top5_joint``)."""
     data, _ = as_image(image)
+    opts = readout_options(ckpt, opts)
     kind = score or score_kind(ckpt)
     if kind == JOINT_SCORE:
         _joint_stats(ckpt)  # before the read-out, not after it
@@ -244,6 +265,7 @@ def member_mean(
     """The map of :func:`detect` before a memory is fused in: Eq. (member mean), averaged over
     ``ensemble`` flips and rotations; (h, w) float32."""
     n = check_ensemble(readout_ensemble(ckpt) if ensemble is None else ensemble)
+    opts = readout_options(ckpt, opts)
     data, _ = as_image(image)
     amap = np.zeros(data.shape[1:], np.float32)
     for k in range(n):  # transform 0 is the image itself
