@@ -52,8 +52,8 @@ QUANTISED_SEARCH_MIN = 8192
 QUANTISED_SEARCH = True
 # its candidates: the entries of the SEARCH_BLOCKS blocks of SEARCH_BLOCK consecutive entries with
 # the highest integer score. On the bundled detector's 57,344 entries and three 400x300 magnetic-tile
-# images, 4 blocks of 8 found the exact search's nearest entry for every patch but 0-2 of 1,900
-# (distances within 3e-6 of it), 2 blocks of 32 missed 2-6 (within 3e-3)
+# images, 4 blocks of 8 found the exact search's nearest entry for every one of the 1,900 patches of
+# each (the distances within 3e-6 of its, the float sums differing), 2 blocks of 32 missed 2-6 (within 3e-3)
 SEARCH_BLOCK, SEARCH_BLOCKS = 8, 4
 # entries scored at once in Eq. (quantised search) (a multiple of SEARCH_BLOCK; on the same CPU 2,048
 # took 0.026 s for the product of 1,900 patches with 57,344 entries, 4,096 0.029 s, and their block
@@ -121,7 +121,6 @@ class FeatureMemory(nn.Module):
         # Eq. (memory density) of each entry; ones: the plain nearest distance
         self.register_buffer("density", torch.ones(entries))
         self._search = None  # what a search needs of the bank, made once per bank (:meth:`_search_tables`)
-        self._search_factors: dict = {}
 
     @property
     def entries(self) -> int:
@@ -170,22 +169,6 @@ class FeatureMemory(nn.Module):
             self._search = (key, b, b.T.contiguous(), b.square().sum(1), step, codes)
         return self._search[1:]
 
-    def _search_factor(self, width: int) -> Tensor:
-        """An (entries, width) int8 buffer whose first 152 columns are the bank's codes, kept per width
-        beside the tables (the caller writes the columns after them). Entries by rows: the product
-        reads its second factor fastest by columns (on a 2-core AMD EPYC 0.03 s for 1,900 patches and
-        57,344 entries, against 0.15 s from a row-major one)."""
-        tables = self._search_tables()
-        factors = self._search_factors
-        if factors.get("key") is not self._search:
-            factors.clear()
-            factors["key"] = self._search
-        if width not in factors:
-            buf = torch.zeros(self.entries, width, dtype=torch.int8)
-            buf[:, : tables[4].shape[1]] = tables[4]
-            factors[width] = buf
-        return factors[width]
-
     @torch.no_grad()
     def nearest_exact(self, q: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`nearest` by a float32 product with every entry."""
@@ -205,8 +188,7 @@ class FeatureMemory(nn.Module):
     def quantised_factors(self, q: Tensor) -> tuple[Tensor, Tensor] | None:
         """The int8 factors of Eq. (quantised search) for the rows of ``q``: (patches, width) and the
         bank's (entries, width), whose product is score(x, m); None where the query's step needs more
-        than SEARCH_EXTRA_COLUMNS columns for the norms (or is 0). The bank's is a buffer of this
-        memory that the next call writes again."""
+        than SEARCH_EXTRA_COLUMNS columns for the norms (or is 0)."""
         _, _, b2, step, codes = self._search_tables()
         w = q * step
         alpha = float(w.abs().max()) / 127
@@ -222,7 +204,11 @@ class FeatureMemory(nn.Module):
         e = (high[:, None] - 127 * torch.arange(columns, dtype=high.dtype)).clamp(0, 127)
         c, n = codes.shape[1], len(q)
         width = c + columns + 1 + (-(c + columns + 1) % 8)  # the integer product wants a multiple of 8
-        bank_x = self._search_factor(width)
+        # entries by rows: the product reads its second factor fastest by columns (on a 2-core AMD EPYC
+        # 0.03 s for 1,900 patches and 57,344 entries, against 0.15 s from a row-major one); made per
+        # call (0.5 ms), so that searches in several threads share nothing they write
+        bank_x = torch.empty(len(codes), width, dtype=torch.int8)
+        bank_x[:, :c] = codes
         bank_x[:, c : c + columns] = e.to(torch.int8)
         bank_x[:, c + columns] = (norms - 127 * high).to(torch.int8)
         bank_x[:, c + columns + 1 :] = 0

@@ -149,6 +149,21 @@ def test_quantised_search_finds_the_exact_nearest_entry(rng):
     assert int(mem.nearest(q)[1][0]) == 7
 
 
+def test_quantised_searches_in_threads_agree_with_one_at_a_time(rng):
+    """Two threads searching one memory at once (torch releases the GIL) get what each search gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from indeed_cli.model.memory import QUANTISED_SEARCH_MIN
+
+    mem, q, _ = _random_bank_memory(rng, QUANTISED_SEARCH_MIN)
+    q = q.repeat(20, 1)  # searches long enough to overlap
+    queries = [q, q.flip(0) * 1.5, q * 0.5, q.roll(7, 0)]  # different steps alpha, so different columns
+    alone = [mem.nearest(x)[1] for x in queries]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda x: mem.nearest(x)[1], queries * 3))
+    assert all(torch.equal(t, alone[i % len(queries)]) for i, t in enumerate(together))
+
+
 def test_density_radius_is_the_mean_distance_to_the_nearest_other_entries(rng):
     """Eq. (memory density) against all pairwise distances computed directly; duplicates floored,
     a single entry (no other to measure) and equal entries give radius 1 (the plain distance)."""
