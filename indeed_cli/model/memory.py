@@ -21,7 +21,7 @@ A memory whose radii are all 1 gives the plain nearest distance (files made befo
 On a CPU a bank of QUANTISED_SEARCH_MIN entries or more is searched in integers first,
 Eq. (quantised search): per feature channel c the bank on 256 levels, k_mc = round((m_c - lo_c) / t_c) - 128
 with lo_c, t_c = (max - min) / 255 the channel's, the query w = phi * t on 255 levels of one step
-alpha = max |w| / 127 for the image, and
+alpha = max |w| / 127 for the image (each SEARCH_QUERIES of its patches), and
 
     score(x, m) = round(w(x) / alpha) . k_m - round(||m||^2 / (2 alpha)),
 
@@ -50,6 +50,9 @@ BANK_CHUNK = 4096
 QUANTISED_SEARCH_MIN = 8192
 # set to False to time or check the exact search alone (benchmarks/speed.py --search)
 QUANTISED_SEARCH = True
+# patches searched at once: a large image's (a 4000x3000 one has 187,500) are searched this many at a
+# time, so that the (patches, chunk) score matrices stay tens of MB (2 GB and more at once)
+SEARCH_QUERIES = 4096
 # its candidates: the entries of the SEARCH_BLOCKS blocks of SEARCH_BLOCK consecutive entries with
 # the highest integer score. On the bundled detector's 57,344 entries and three 400x300 magnetic-tile
 # images, 4 blocks of 8 found the exact search's nearest entry for every one of the 1,900 patches of
@@ -150,7 +153,10 @@ class FeatureMemory(nn.Module):
     def nearest(self, q: Tensor) -> tuple[Tensor, Tensor]:
         """The squared distance of each row of ``q`` (patches, 152) to its nearest bank entry, and
         that entry's index: Eq. (quantised search) on a CPU for a bank of QUANTISED_SEARCH_MIN entries
-        or more, else the exact search (:meth:`nearest_exact`)."""
+        or more, else the exact search (:meth:`nearest_exact`); SEARCH_QUERIES rows at a time."""
+        if len(q) > SEARCH_QUERIES:
+            parts = [self.nearest(q[i : i + SEARCH_QUERIES]) for i in range(0, len(q), SEARCH_QUERIES)]
+            return torch.cat([d for d, _ in parts]), torch.cat([k for _, k in parts])
         if QUANTISED_SEARCH and q.device.type == "cpu" and self.entries >= QUANTISED_SEARCH_MIN and len(q) > 16:
             found = self._nearest_quantised(q)
             if found is not None:

@@ -144,6 +144,13 @@ def test_quantised_search_finds_the_exact_nearest_entry(rng):
         assert torch.equal(mem.distance(img), (exact_d2.clamp_min(0).sqrt() / mem.density[exact_which]).view(6, 8))
     finally:
         memory_module.QUANTISED_SEARCH = True
+    # many patches are searched SEARCH_QUERIES at a time (each part with its own step alpha): the same entries
+    # (20, 20 and 8 rows: the first two searched in integers, the last exactly)
+    saved, memory_module.SEARCH_QUERIES = memory_module.SEARCH_QUERIES, 20
+    try:
+        assert torch.equal(mem.nearest(q)[1], which)
+    finally:
+        memory_module.SEARCH_QUERIES = saved
     # a bank changed in place is searched anew (its codes are remade)
     mem.bank[7] = q[0]
     assert int(mem.nearest(q)[1][0]) == 7
