@@ -157,6 +157,7 @@ class FeatureMemory(nn.Module):
         if len(q) > SEARCH_QUERIES:
             parts = [self.nearest(q[i : i + SEARCH_QUERIES]) for i in range(0, len(q), SEARCH_QUERIES)]
             return torch.cat([d for d, _ in parts]), torch.cat([k for _, k in parts])
+        # a few patches (a tiny image) search exactly: their float32 product is short
         if QUANTISED_SEARCH and q.device.type == "cpu" and self.entries >= QUANTISED_SEARCH_MIN and len(q) > 16:
             found = self._nearest_quantised(q)
             if found is not None:

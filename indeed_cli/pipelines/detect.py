@@ -128,7 +128,7 @@ def detect_folder(
                 "threshold": t,
                 "pixel_threshold": tp,
                 "ensemble": n,
-                "precision": resolve_precision(own.precision, next(ck.model.parameters()).device),
+                "precision": resolve_precision(own.precision, models.device),
                 "anomalous_fraction": round(float((amap > tp).mean()), 6),
                 "maps": {k: str(v) for k, v in files.items()},
                 "weights": ck.source,

@@ -164,17 +164,26 @@ def test_train_detect_end_to_end(tmp_path, run_cli, rng):
     assert code == 2 and "held-out normal images" in err and not (tmp_path / "run0").exists()
 
 
-def test_calibrate_learns_a_threshold_for_the_scales_asked(tmp_path, run_cli, rng):
+def tiny_detector_and_normals(tmp_path, rng):
+    """A tiny untrained gray detector with f_thetaM (read out at scale 1) and a folder of 3 normal images."""
     from conftest import tiny_model
 
-    from indeed_cli.model import read_metadata, save_checkpoint
+    from indeed_cli.model import save_checkpoint
 
-    model = tiny_model(1, task="detect", support_width=8)
-    det = save_checkpoint(tmp_path / "det.safetensors", model, {"scales": [1.0]})
+    det = save_checkpoint(
+        tmp_path / "det.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]}
+    )
     normal = tmp_path / "normal"
     normal.mkdir()
     for i in range(3):
         write_png(normal / f"{i}.png", rng.integers(0, 256, (40, 48), dtype=np.uint8))
+    return det, normal
+
+
+def test_calibrate_learns_a_threshold_for_the_scales_asked(tmp_path, run_cli, rng):
+    from indeed_cli.model import read_metadata
+
+    det, normal = tiny_detector_and_normals(tmp_path, rng)
     out = tmp_path / "cal.safetensors"
     code, _, err = run_cli("calibrate", "-w", det, "--data", normal, "-o", out, "--scales", "1,0.5", "--device", "cpu")
     assert code == 0, err
@@ -190,19 +199,11 @@ def test_calibrate_precision_is_stored_and_read_out_at(tmp_path, run_cli, rng, c
     stored with it; `indeed detect` then reads out in bf16 (its JSON says so, and its score is the
     bf16 read-out's, not the fp32 one's) unless given --precision; recalibrating without
     --precision keeps it; a bad value, or a denoiser, is refused in one line with nothing written."""
-    from conftest import tiny_model
-
     from indeed_cli.inference import InferenceOptions
-    from indeed_cli.model import load_checkpoint, read_metadata, save_checkpoint
+    from indeed_cli.model import load_checkpoint, read_metadata
     from indeed_cli.tasks.detection import detect, readout_precision
 
-    det = save_checkpoint(
-        tmp_path / "det.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]}
-    )
-    normal = tmp_path / "normal"
-    normal.mkdir()
-    for i in range(3):
-        write_png(normal / f"{i}.png", rng.integers(0, 256, (40, 48), dtype=np.uint8))
+    det, normal = tiny_detector_and_normals(tmp_path, rng)
     runs = {}
     for p in ("bf16", "fp32"):
         runs[p] = tmp_path / f"cal_{p}.safetensors"
@@ -236,17 +237,9 @@ def test_calibrate_precision_is_stored_and_read_out_at(tmp_path, run_cli, rng, c
 def test_calibrate_quantile_sets_the_operating_point(tmp_path, run_cli, rng, ckpt_paths):
     """`--quantile Q`: the threshold is that quantile of the normal images' scores (0.5: their median,
     1: their maximum); outside (0, 1], or for a denoiser, one line, exit 2 and nothing written."""
-    from conftest import tiny_model
+    from indeed_cli.model import read_metadata
 
-    from indeed_cli.model import read_metadata, save_checkpoint
-
-    det = save_checkpoint(
-        tmp_path / "det.safetensors", tiny_model(1, task="detect", support_width=8), {"scales": [1.0]}
-    )
-    normal = tmp_path / "normal"
-    normal.mkdir()
-    for i in range(3):
-        write_png(normal / f"{i}.png", rng.integers(0, 256, (40, 48), dtype=np.uint8))
+    det, normal = tiny_detector_and_normals(tmp_path, rng)
     facts = {}
     for q in ("0.5", "1"):
         out = tmp_path / f"cal{q}.safetensors"
