@@ -60,6 +60,18 @@ def _onednn_convolution():
 
 
 _ONEDNN = _onednn_convolution()
+
+
+def _onednn_bf16() -> bool:
+    """Whether oneDNN computes bf16 on this CPU (AVX512-BF16 or AMX); without it the fused
+    operators refuse bf16 tensors (a 2-core AVX2 CPU), so bf16 blocks run plain there."""
+    try:
+        return _ONEDNN is not None and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_ONEDNN_BF16 = _onednn_bf16()
 # a tensor of a torch.func transform (vmap of grouped adaptation, grad): the fused operators have no
 # batching rules, and vmap's fallback runs them image by image with a warning.  Where this torch
 # cannot tell, every tensor counts as transformed (plain blocks).
@@ -89,7 +101,8 @@ class ResBlock(nn.Module):
         backward), no normalisation between convolution and ReLU, a CUDA tensor or a float32 /
         bfloat16 CPU tensor where oneDNN is built in, and not while torch.compile, TorchScript or
         the ONNX exporter traces the block, nor inside torch.func transforms such as the vmap of
-        grouped adaptation (they need the plain operators), nor under autocast."""
+        grouped adaptation (they need the plain operators), nor under autocast; bf16 on a CPU only
+        where oneDNN computes it (:func:`_onednn_bf16`)."""
         if not (FUSED_BLOCKS and x.dim() == 4 and not torch.is_grad_enabled()):
             return False
         if not isinstance(self.norm1, nn.Identity):
@@ -102,7 +115,9 @@ class ResBlock(nn.Module):
         if torch.is_autocast_enabled(x.device.type) or x.dtype != self.conv1.weight.dtype:
             return False
         return x.is_cuda or (
-            _ONEDNN is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+            _ONEDNN is not None
+            and x.device.type == "cpu"
+            and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
         )
 
     def _fused(self, x: Tensor) -> Tensor | None:

@@ -172,6 +172,8 @@ def test_fused_block_matches_the_plain_block(monkeypatch, device, dtype, layout)
         pytest.skip("no CUDA GPU")
     if device == "cpu" and network._ONEDNN is None:
         pytest.skip("this torch has no oneDNN")
+    if device == "cpu" and dtype == torch.bfloat16 and not network._ONEDNN_BF16:
+        pytest.skip("oneDNN computes no bf16 on this CPU (the next test covers it)")
     block, x = _resblock_pair()
     block = block.to(device=device, dtype=dtype, memory_format=layout)
     x = x.to(device=device, dtype=dtype, memory_format=layout)
@@ -184,6 +186,23 @@ def test_fused_block_matches_the_plain_block(monkeypatch, device, dtype, layout)
     # bf16 rounding in either path; on a GPU both convolutions may use TF32 in fp32
     tol = 3e-2 if dtype == torch.bfloat16 else (1e-3 if device == "cuda" else 1e-5)
     assert fused.dtype == plain.dtype and torch.allclose(fused.float(), plain.float(), atol=tol, rtol=tol)
+
+
+def test_bf16_blocks_run_plain_on_a_cpu_without_onednn_bf16(monkeypatch):
+    """On a CPU whose oneDNN has no bf16 (AVX2 only) the fused operators refuse bf16 tensors, and a
+    refusal turns fusion off for the process, fp32 included: bf16 blocks must not try."""
+    if network._ONEDNN is None:
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(network, "_ONEDNN_BF16", False)
+    block, x = _resblock_pair()
+    with torch.no_grad():
+        assert block._fuses(x)  # fp32 stays fused
+        b16, x16 = block.to(torch.bfloat16), x.to(torch.bfloat16)
+        assert not b16._fuses(x16)
+        monkeypatch.setattr(network, "FUSED_BLOCKS", False)
+        plain = b16(x16)
+        monkeypatch.setattr(network, "FUSED_BLOCKS", True)
+        assert torch.equal(b16(x16), plain) and network.FUSED_BLOCKS is True
 
 
 def test_fused_block_falls_back_to_the_plain_block_where_the_backend_refuses(monkeypatch):
