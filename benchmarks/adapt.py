@@ -6,15 +6,17 @@ between real-noise inputs and in-distribution synthetic inputs (CBSD68 + AWGN si
     python benchmarks/adapt.py --data ../shared/data/denoise-real/PolyU100 \\
         --ood-clean ../shared/data/denoise-test/CBSD68 [--methods none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d]
 
-Methods: ``none`` (shipped weights), ``none@WEIGHTS`` (plain inference with other weights: a
-bundled name or a path), any of them ending in ``+psN`` or ``+psauto`` (the read-out of ``indeed
-denoise --pixel-shuffle N|auto``), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of
-the folder, then inference), ``oag`` (InDeedOAG: a fresh adaptation per image; its time per
-image is reported), an adaptation ending in ``~signal`` or ``~stationary`` (the level of the
-recorrupted objective's noise, ``indeed adapt --recorruption-noise``), ``ffdnet`` / ``cbm3d``
-(peers, `bench` extra) with sigma estimated from the noisy input by scikit-image's wavelet
-estimator.  ``--rows-out`` / ``--from-rows`` merge rows measured on different machines (e.g.
-peers on the CPU, adaptation on a GPU) into one table.  Prints Markdown tables and the command that made them.
+Methods: ``none`` (shipped weights), ``METHOD@WEIGHTS`` (any method but the peers from other
+weights: a bundled name or a path, e.g. ``none@color-camera``, ``oag@color-fullchroma``), any of
+them ending in ``+psN`` or ``+psauto`` (the read-out of ``indeed denoise --pixel-shuffle
+N|auto``), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of the folder, then inference),
+``oag`` (InDeedOAG: a fresh adaptation per image; its time per image is reported), an adaptation
+ending in ``~signal`` or ``~stationary`` (the level of the recorrupted objective's noise, ``indeed
+adapt --recorruption-noise``) or in ``%TILExBATCH`` (the recorrupted adaptation's tile side and
+tiles per step), ``ffdnet`` / ``cbm3d`` (peers, `bench` extra) with sigma estimated from the noisy
+input by scikit-image's wavelet estimator.  ``--rows-out`` / ``--from-rows`` merge rows measured on
+different machines (e.g. peers on the CPU, adaptation on a GPU) into one table.  Prints Markdown
+tables and the command that made them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cbm3d_method, ffdnet_method  # noqa: E402
 
+import indeed_cli.tasks.adaptation.runner as runner  # noqa: E402
 from indeed_cli import InferenceOptions, denoise, load_model  # noqa: E402
 from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import (  # noqa: E402
@@ -54,6 +57,9 @@ from indeed_cli.tasks.adaptation import (  # noqa: E402
 from indeed_cli.tasks.adaptation.config import AG_DEFAULTS, with_defaults  # noqa: E402
 from indeed_cli.tasks.camera_noise import camera_pair, parse_noise  # noqa: E402
 from indeed_cli.tasks.ood import image_ood_score  # noqa: E402
+
+# the recorrupted adaptation's tile and batch (overridden per method by %TILExBATCH)
+R2R_TILE_DEFAULT, R2R_BATCH_DEFAULT = runner.R2R_TILE, runner.R2R_BATCH
 
 
 def estimate_sigma255(y: np.ndarray) -> float:
@@ -466,13 +472,18 @@ def main() -> None:
             for m in methods:
                 t = time.perf_counter()
                 core, _, noise = m.partition("~")  # ~stationary / ~signal: AdaptConfig.recorruption_noise
+                core, _, r2r_shape = core.partition("%")  # %TILExBATCH: the recorrupted adaptation's tiles
+                runner.R2R_TILE, runner.R2R_BATCH = (
+                    map(int, r2r_shape.split("x")) if r2r_shape else (R2R_TILE_DEFAULT, R2R_BATCH_DEFAULT)
+                )
                 base, _, ps = core.partition("+ps")  # +psN / +psauto: indeed denoise --pixel-shuffle N|auto
                 ps = ps or 1
                 mcfg = replace(acfg, recorruption_noise=noise) if noise else acfg
                 if m in ("ffdnet", "cbm3d"):
                     got = run_peer(m, data, dev)
-                elif base.startswith("none@"):  # plain inference with other weights, beside the shipped ones
-                    got = run_indeed("none", load_model(base[5:], 3, a.device), data, opts, mcfg, dev, ps)
+                elif "@" in base:  # inference or adaptation from other weights, beside the shipped ones
+                    how, _, weights = base.partition("@")
+                    got = run_indeed(how, load_model(weights, 3, a.device, job="adapt"), data, opts, mcfg, dev, ps)
                 else:
                     got = run_indeed(base, ck, data, opts, mcfg, dev, ps)
                 got = [{**r, "method": m} for r in got]

@@ -351,3 +351,26 @@ def test_ag_auto_keeps_a_recorrupted_fallback_for_images_the_elbo_output_leaves(
     assert unused.best_step == 0 and unused.adapted_images == [False] and choice is None
     # the ELBO alone (AG's default) has no fallback
     assert adapt(ck, images, AdaptConfig(objective="elbo", steps=2), tile=32).fallback is None
+
+
+def test_recorrupted_tile_and_batch_settings_reach_its_job(rng, monkeypatch):
+    from indeed_cli.tasks.adaptation import runner
+
+    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean() for _ in ys])
+    seen = []
+    job_of = runner._recorrupted_job
+
+    def spy(ckpt, images, gated, cfg, tile, levels=None):
+        out = job_of(ckpt, images, gated, cfg, tile, levels)
+        seen.append((tile, out[0]["pool"].shape[-1], out[0]["batch"], out[0]["roots"].shape[1]))
+        return out
+
+    monkeypatch.setattr(runner, "_recorrupted_job", spy)
+    cfg = AdaptConfig(objective="recorrupted", steps=2, lr=1e-3)
+    adapt_each(_ckpt(), [_noisy(rng)], cfg, tile=32)
+    monkeypatch.setattr(runner, "R2R_TILE", 16)
+    monkeypatch.setattr(runner, "R2R_BATCH", 3)
+    adapt_each(_ckpt(), [_noisy(rng)], cfg, tile=32)
+    # unset: the ELBO's tile and AdaptConfig.batch (8, capped by the image's 4 tiles of 32); set: its
+    # own tiles, noise filters and batch
+    assert seen == [(32, 32, 4, 32), (16, 16, 3, 16)]

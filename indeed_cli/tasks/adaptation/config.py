@@ -78,6 +78,13 @@ R2R_STEPS = 20
 R2R_LR = OAG_LR  # the learning rate it was chosen with, per image; AG with it uses the same
 R2R_EVAL_EVERY = 5
 R2R_EVAL_DRAWS = 2
+# The recorrupted adaptation's tile side and tiles per step; None: the ELBO's tile (128) and
+# AdaptConfig.batch.  Tiles of 64 did as well within about 0.1 dB on development crops and took the same
+# time on an H200, where its steps are not bound by the convolutions; on a 2-core AVX2 CPU OAG took 22.5
+# instead of 57.7 s per 384 x 384 crop (docs/reports/2026-12-02-recorrupted-tiles.md).  Not a default:
+# benchmarks/adapt.py sets them per method (%TILExBATCH).
+R2R_TILE: int | None = None
+R2R_BATCH: int | None = None
 # The recorrupted objective runs only where the residual of the pixel-shuffled read-out is correlated
 # between neighbouring pixels at least this much (runner.recorruption_gate).  Development crops
 # (256 x 256 training crops, `color`): synthetic camera noise 0.33-0.60 (light to heavy), white

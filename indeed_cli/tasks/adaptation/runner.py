@@ -34,10 +34,12 @@ from .config import (
     AG_DEFAULTS,
     AG_RECORRUPTED_DEFAULTS,
     OAG_DEFAULTS,
+    R2R_BATCH,
     R2R_EVAL_DRAWS,
     R2R_EVAL_EVERY,
     R2R_MIN_CORRELATION,
     R2R_STEPS,
+    R2R_TILE,
     AdaptConfig,
     AdaptResult,
     default_group,
@@ -320,6 +322,9 @@ def adapt_recorrupted(
     which, with the gate's correlation per image; ``adapted_images`` which images the gate admitted.
     ``before``: why the ELBO adaptation kept the start, per entry (recorded)."""
     r2r = recorrupted_settings(cfg)
+    tile = R2R_TILE or tile
+    if R2R_BATCH:
+        r2r = replace(r2r, batch=R2R_BATCH)
     flat = [im for images in image_sets for im in images]
     gated = recorruption_gates(ckpt, flat)  # every image's read-outs together
     device = next(ckpt.model.parameters()).device
