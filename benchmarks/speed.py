@@ -25,14 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import cpu_name  # noqa: E402  (benchmarks/ is on the path: the script's own folder)
 
 from indeed_cli import InferenceOptions, denoise, detect, load_model  # noqa: E402
-from indeed_cli.inference.runtime import _cpu_flags  # noqa: E402  (the flags line of /proc/cpuinfo)
 from indeed_cli.model import memory, network  # noqa: E402
+from indeed_cli.model.cpu import cpu_flags  # noqa: E402  (the flags line of /proc/cpuinfo)
+
+SEARCH_DEFAULT = memory.QUANTISED_SEARCH  # this CPU's default, before --search sets it
 
 
 def cpu_description() -> str:
     """The CPU, its thread count and the vector units oneDNN may use: the same network took half as
     long again with AVX2 alone as with AVX-512 and AMX (docs/results.md, "Speed and memory")."""
-    flags = set(_cpu_flags().partition(":")[2].split())
+    flags = set(cpu_flags().partition(":")[2].split())
     units = [u for u in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if u in flags] or ["not read"]
     capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
     return f"CPU {cpu_name()}, {torch.get_num_threads()} threads, {'/'.join(units)}" + (
@@ -65,8 +67,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--search",
-        default="quantised",
-        help="quantised, exact or both: a detector memory's search on a CPU (model.memory.QUANTISED_SEARCH)",
+        default="default",
+        help="default (this CPU's: quantised where it has int8 dot products), quantised, exact, or several: "
+        "a detector memory's search on a CPU (model.memory.QUANTISED_SEARCH)",
     )
     ap.add_argument("--profile", action="store_true", help="also print torch.profiler's top operations (last setting)")
     a = ap.parse_args()
@@ -98,10 +101,11 @@ def main() -> None:
         for r, ov, b, p, f, sr in settings:
             if f not in ("on", "off"):
                 raise SystemExit(f"--fused takes on and/or off, got {f!r}")
-            if sr not in ("quantised", "exact"):
-                raise SystemExit(f"--search takes quantised and/or exact, got {sr!r}")
+            if sr not in ("default", "quantised", "exact"):
+                raise SystemExit(f"--search takes default, quantised and/or exact, got {sr!r}")
             network.FUSED_BLOCKS = f == "on"
-            memory.QUANTISED_SEARCH = sr == "quantised"
+            memory.QUANTISED_SEARCH = SEARCH_DEFAULT if sr == "default" else sr == "quantised"
+            sr = "quantised" if memory.QUANTISED_SEARCH else "exact"  # the row says which ran
             # warm-up pays compiling
             o = InferenceOptions(overlap=ov, batch=b, precision=p, compile=a.compile, whole_image=readouts[r])
             run(ck, y, o)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 
@@ -10,6 +9,7 @@ import torch
 from torch import nn
 
 from ..model import Checkpoint, load_checkpoint, resolve_weights
+from ..model.cpu import BF16_FLAGS, has_any
 
 PRECISIONS = ("fp32", "bf16", "auto")
 
@@ -20,17 +20,7 @@ def native_bf16(device: torch.device, cpu_flags: str | None = None) -> bool:
     bf16 is emulated: OAG in bf16 ran several times slower than fp32 on a 2-core AVX2 CPU."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    flags = _cpu_flags() if cpu_flags is None else cpu_flags
-    return any(flag in flags.split() for flag in ("amx_bf16", "avx512_bf16"))
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:  # not Linux: assume no native bf16
-        return ""
+    return has_any(BF16_FLAGS, cpu_flags)
 
 
 def resolve_precision(precision: str | None, device: torch.device) -> str:

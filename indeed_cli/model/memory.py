@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cpu import INT8_DOT_FLAGS, has_any
 from .features import FEATURE_CHANNELS, EfficientNetLite0Trunk
 
 # queries compared with the memory at once: a (chunk, entries) matrix is held
@@ -48,8 +49,9 @@ BANK_CHUNK = 4096
 # Eq. (quantised search): banks of fewer entries, and searches off the CPU, are exact (a GPU's
 # float32 product is fast, and a small bank's search is short)
 QUANTISED_SEARCH_MIN = 8192
-# set to False to time or check the exact search alone (benchmarks/speed.py --search)
-QUANTISED_SEARCH = True
+# set to False to time or check the exact search alone (benchmarks/speed.py --search); off on a CPU
+# without int8 dot products in hardware (cpu.INT8_DOT_FLAGS: AVX2 alone), where it is the slower one
+QUANTISED_SEARCH = has_any(INT8_DOT_FLAGS)
 # patches searched at once: a large image's (a 4000x3000 one has 187,500) are searched this many at a
 # time, so that the (patches, chunk) score matrices stay tens of MB (2 GB and more at once)
 SEARCH_QUERIES = 4096

@@ -119,13 +119,14 @@ def test_quantised_search_scores_are_eq_quantised_search_computed_directly(rng):
     assert torch.all(at_best <= near * 1.02)
 
 
-def test_quantised_search_finds_the_exact_nearest_entry(rng):
+def test_quantised_search_finds_the_exact_nearest_entry(rng, monkeypatch):
     """Eq. (quantised search) against the exact float32 search and a direct float64 one: the same
     entries and distances for a bank of more than QUANTISED_SEARCH_MIN entries, an entry after the
     last whole block among them; QUANTISED_SEARCH = False gives the exact search."""
     from indeed_cli.model import memory as memory_module
     from indeed_cli.model.memory import QUANTISED_SEARCH_MIN, SEARCH_BLOCK
 
+    monkeypatch.setattr(memory_module, "QUANTISED_SEARCH", True)  # whatever this CPU's default
     entries = QUANTISED_SEARCH_MIN + SEARCH_BLOCK // 2  # a partial last block
     mem, q, img = _random_bank_memory(rng, entries)
     bank = mem.bank.clone()
@@ -156,11 +157,14 @@ def test_quantised_search_finds_the_exact_nearest_entry(rng):
     assert int(mem.nearest(q)[1][0]) == 7
 
 
-def test_quantised_searches_in_threads_agree_with_one_at_a_time(rng):
+def test_quantised_searches_in_threads_agree_with_one_at_a_time(rng, monkeypatch):
     """Two threads searching one memory at once (torch releases the GIL) get what each search gets alone."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from indeed_cli.model import memory as memory_module
     from indeed_cli.model.memory import QUANTISED_SEARCH_MIN
+
+    monkeypatch.setattr(memory_module, "QUANTISED_SEARCH", True)  # whatever this CPU's default
 
     mem, q, _ = _random_bank_memory(rng, QUANTISED_SEARCH_MIN)
     q = q.repeat(20, 1)  # searches long enough to overlap
@@ -491,3 +495,15 @@ def test_calibrating_to_four_bit_weights_rebuilds_the_memory_through_the_rounded
     again = calibrate(ck, [str(p) for p in paths])  # the threshold is the saved file's own
     assert np.isclose(again["threshold"], facts["threshold"], rtol=1e-5)
     assert np.isclose(again["pixel_threshold"], facts["pixel_threshold"], rtol=1e-5)
+
+
+def test_integer_search_is_the_default_only_where_the_cpu_has_int8_dot_products():
+    """Without VNNI or AMX (AVX2 alone) torch's int8 product is slower than the float32 search."""
+    from indeed_cli.model import cpu, memory
+
+    avx2 = "flags\t\t: fpu sse sse2 avx fma f16c avx2"
+    assert not cpu.has_any(cpu.INT8_DOT_FLAGS, avx2)
+    assert cpu.has_any(cpu.INT8_DOT_FLAGS, avx2 + " avx512f avx512_vnni")
+    assert cpu.has_any(cpu.INT8_DOT_FLAGS, avx2 + " avx_vnni")
+    assert not cpu.has_any(cpu.INT8_DOT_FLAGS, "")  # not Linux: nothing assumed
+    assert memory.QUANTISED_SEARCH == cpu.has_any(cpu.INT8_DOT_FLAGS)
