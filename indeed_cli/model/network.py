@@ -63,8 +63,8 @@ _ONEDNN = _onednn_convolution()
 
 
 def _onednn_bf16() -> bool:
-    """Whether oneDNN computes bf16 on this CPU (AVX512-BF16 or AMX); without it the fused
-    operators refuse bf16 tensors (a 2-core AVX2 CPU), so bf16 blocks run plain there."""
+    """Whether this CPU's oneDNN takes bf16 (oneDNN's own check: AVX-512 and newer); without it
+    the fused operators refuse bf16 tensors (a 2-core AVX2 CPU), so bf16 blocks run plain there."""
     try:
         return _ONEDNN is not None and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

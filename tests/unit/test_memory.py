@@ -140,11 +140,9 @@ def test_quantised_search_finds_the_exact_nearest_entry(rng, monkeypatch):
     assert torch.allclose(d2.clamp_min(0).sqrt().double(), near, rtol=1e-3, atol=0.05)
     exact_d2, exact_which = mem.nearest_exact(q)
     assert torch.equal(exact_which, which) and torch.allclose(d2, exact_d2, rtol=1e-4, atol=1e-3)
-    memory_module.QUANTISED_SEARCH = False
-    try:
-        assert torch.equal(mem.distance(img), (exact_d2.clamp_min(0).sqrt() / mem.density[exact_which]).view(6, 8))
-    finally:
-        memory_module.QUANTISED_SEARCH = True
+    monkeypatch.setattr(memory_module, "QUANTISED_SEARCH", False)
+    assert torch.equal(mem.distance(img), (exact_d2.clamp_min(0).sqrt() / mem.density[exact_which]).view(6, 8))
+    monkeypatch.setattr(memory_module, "QUANTISED_SEARCH", True)
     # many patches are searched SEARCH_QUERIES at a time (each part with its own step alpha): the same entries
     # (20, 20 and 8 rows: the first two searched in integers, the last exactly)
     saved, memory_module.SEARCH_QUERIES = memory_module.SEARCH_QUERIES, 20

@@ -82,7 +82,7 @@ R2R_EVAL_DRAWS = 2
 # AdaptConfig.batch.  Tiles of 64 did as well within about 0.1 dB on development crops and took the same
 # time on an H200, where its steps are not bound by the convolutions; on a 2-core AVX2 CPU OAG took 22.5
 # instead of 57.7 s per 384 x 384 crop (docs/reports/2026-12-02-recorrupted-tiles.md).  Not a default:
-# benchmarks/adapt.py sets them per method (%TILExBATCH).
+# benchmarks/adapt.py sets runner's copies (runner.R2R_TILE, runner.R2R_BATCH) per method (%TILExBATCH).
 R2R_TILE: int | None = None
 R2R_BATCH: int | None = None
 # The recorrupted objective runs only where the residual of the pixel-shuffled read-out is correlated
