@@ -113,6 +113,12 @@ def centre_crop(a: np.ndarray, size: int | None) -> np.ndarray:
     return np.ascontiguousarray(a[:, y : y + size, x : x + size])
 
 
+def as_gray(x: np.ndarray, gray: bool) -> np.ndarray:
+    """With ``gray``, a (C, h, w) image as one channel, the mean of its channels (as benchmarks/denoise.py
+    reads a colour set as gray); otherwise the image itself."""
+    return x.mean(0, keepdims=True).astype(np.float32) if gray and x.shape[0] == 3 else x
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch
@@ -225,7 +231,8 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
 
 
 def run_peer(method: str, data, device: str) -> list[dict]:
-    fn = ffdnet_method(3, device) if method == "ffdnet" else cbm3d_method(3)
+    channels = data[0][1].shape[0]
+    fn = ffdnet_method(channels, device) if method == "ffdnet" else cbm3d_method(channels)
     rows = []
     for name, y, x in data:
         s = estimate_sigma255(y)
@@ -349,6 +356,11 @@ def main() -> None:
     )
     ap.add_argument("--crop", type=int, default=512, help="with --camera: the top-left crop of each clean image")
     ap.add_argument(
+        "--gray",
+        action="store_true",
+        help="the images as gray (the mean of their channels, before any noise) and the bundled gray model",
+    )
+    ap.add_argument(
         "--pair-crop", type=int, default=None, help="noisy/clean pairs: their centre crop of this size (full-res PolyU)"
     )
     ap.add_argument("--ood-clean", type=Path, help="clean in-distribution images for the OOD AUROC (CBSD68)")
@@ -424,11 +436,14 @@ def main() -> None:
         torch.backends.cudnn.benchmark = True
     rows = [json.loads(line) for f in a.from_rows for line in f.read_text().splitlines() if line.strip()]
     methods = [m for m in a.methods.split(",") if m]
+    channels = 1 if a.gray else 3
     if a.data:
         sets = []  # (name, [(image, noisy, reference)])
         if a.camera:
             clean = sorted(p for p in a.data.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
-            crops = [(p.name, read_image(p).data[:, : a.crop, : a.crop]) for p in clean[: a.limit or None]]
+            crops = [
+                (p.name, as_gray(read_image(p).data[:, : a.crop, : a.crop], a.gray)) for p in clean[: a.limit or None]
+            ]
             for spec in a.camera.split(","):
                 if spec == "clean":  # no noise: what adaptation does to an image it should leave alone
                     sets.append((spec, [(n, c, c) for n, c in crops]))
@@ -440,10 +455,11 @@ def main() -> None:
                     sets.append((spec, [(n, *camera_pair(c, level, image_seed(n, 0), jpeg)) for n, c in crops]))
         else:
             sets.append((f"{a.data.name} {a.split}", [
-                (n.name, centre_crop(read_image(n).data, a.pair_crop), centre_crop(read_image(c).data, a.pair_crop))
+                (n.name, as_gray(centre_crop(read_image(n).data, a.pair_crop), a.gray),
+                 as_gray(centre_crop(read_image(c).data, a.pair_crop), a.gray))
                 for n, c in pairs(a.data, a.limit, a.split)
             ]))  # fmt: skip
-        ck = load_model(a.weights, 3, a.device, job="adapt")
+        ck = load_model(a.weights, channels, a.device, job="adapt")
         dev = str(next(ck.model.parameters()).device)
         opts = InferenceOptions(precision=a.infer_precision or a.precision)
         acfg = AdaptConfig(
@@ -483,7 +499,9 @@ def main() -> None:
                     got = run_peer(m, data, dev)
                 elif "@" in base:  # inference or adaptation from other weights, beside the shipped ones
                     how, _, weights = base.partition("@")
-                    got = run_indeed(how, load_model(weights, 3, a.device, job="adapt"), data, opts, mcfg, dev, ps)
+                    got = run_indeed(
+                        how, load_model(weights, channels, a.device, job="adapt"), data, opts, mcfg, dev, ps
+                    )
                 else:
                     got = run_indeed(base, ck, data, opts, mcfg, dev, ps)
                 got = [{**r, "method": m} for r in got]

@@ -122,7 +122,7 @@ def _alternatives(images: list[Outcome], first: tuple[str, ...] = ()) -> str:
     colour image denoised with another model (weights/README.md)."""
     options = list(first)
     if all(o.record.get("pixel_shuffle", 1) == 1 for o in images):
-        options.append("--pixel-shuffle 2")
+        options.append(_pixel_shuffle_option(images))
     if len(images) == 1:
         options.append(f"`indeed adapt {images[0].source} --mode oag -o DIR`")
     else:
@@ -130,6 +130,23 @@ def _alternatives(images: list[Outcome], first: tuple[str, ...] = ()) -> str:
     if any(o.record.get("channels") == 3 and Path(str(o.record.get("weights"))).name != BUNDLED_CAMERA for o in images):
         options.append("--weights color-camera (trained on camera noise)")
     return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+
+
+# The stride to name, by the images' channels.  Camera noise averaged to gray is correlated over two
+# pixels (lag-1 correlation 0.65, lag 2 0.17, lag 3 0.01 for the camera-noise model's gray images), so
+# stride 2's sub-images still hold some of it: on gray development crops under heavy camera noise
+# stride 3 gained +1.39 / +7.16 dB over plain (Urban100/Set14 / wallpaper) against +0.76 / +1.96 for 2,
+# and held it on held-out crops (+1.47 / +5.73 against +0.81 / +1.71; docs/reports/2026-12-02-gray-camera-noise.md).
+# In colour the model separates the channels' noise and 2 is the measured stride (docs/guide/denoise.md).
+SUGGESTED_PIXEL_SHUFFLE = {1: 3, 3: 2}
+
+
+def _pixel_shuffle_option(images: list[Outcome]) -> str:
+    """``--pixel-shuffle N`` for these images: 3 for gray ones, 2 for colour ones, both named for a mix."""
+    strides = {SUGGESTED_PIXEL_SHUFFLE.get(o.record.get("channels"), 2) for o in images}
+    if len(strides) == 1:
+        return f"--pixel-shuffle {strides.pop()}"
+    return f"--pixel-shuffle {SUGGESTED_PIXEL_SHUFFLE[3]} ({SUGGESTED_PIXEL_SHUFFLE[1]} for the gray ones)"
 
 
 def ood_warning(done: list[Outcome]) -> str:

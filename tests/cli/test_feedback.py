@@ -371,12 +371,16 @@ def test_advice_names_the_pixel_shuffle_read_out_unless_it_was_used():
     from indeed_cli.pipelines import Outcome
 
     rec = {"change_rms": 0.2, "ood": False, "adapted": None, "channels": 1, "weights": "gray.safetensors"}
-    assert little_change_note([Outcome(Path("a.png"), rec)]).endswith(
-        "try --pixel-shuffle 2 or `indeed adapt a.png --mode oag -o DIR`"
+    assert little_change_note([Outcome(Path("a.png"), rec)]).endswith(  # gray: stride 3
+        "try --pixel-shuffle 3 or `indeed adapt a.png --mode oag -o DIR`"
     )
     used = little_change_note([Outcome(Path("a.png"), {**rec, "pixel_shuffle": 2})])
     assert used.endswith("try `indeed adapt a.png --mode oag -o DIR`")
     flagged = {**rec, "ood": True, "ood_score": 3.0, "ood_threshold": 1.0}
     assert ood_warning([Outcome(Path("a.png"), flagged)]).endswith(
-        "rerun with --auto-adapt, --pixel-shuffle 2 or `indeed adapt a.png --mode oag -o DIR`"
+        "rerun with --auto-adapt, --pixel-shuffle 3 or `indeed adapt a.png --mode oag -o DIR`"
     )
+    colour = {**rec, "channels": 3}
+    assert "try --pixel-shuffle 2, `indeed adapt a.png" in little_change_note([Outcome(Path("a.png"), colour)])
+    mixed = little_change_note([Outcome(Path("a.png"), rec), Outcome(Path("b.png"), colour)])
+    assert "try --pixel-shuffle 2 (3 for the gray ones), `indeed adapt FOLDER" in mixed

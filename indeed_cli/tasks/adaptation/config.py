@@ -91,6 +91,10 @@ R2R_BATCH: int | None = None
 # Gaussian noise of sigma 15 0.00-0.12 and of sigma 5 0.02-0.32, where the objective lost up to
 # 6.4 dB; clean photographs 0.26-0.64 (not separated: docs/reports/2026-11-28-recorrupted-adaptation.md).
 R2R_MIN_CORRELATION = 0.3
+# The stride of the pixel-shuffled read-out whose residual R = Y - X_ps is the recorrupted objective's
+# noise estimate and its gate (Eq. recorruption gate): 2 (the sub-images of a demosaicked colour image
+# see its noise at lag 2, nearly white).
+R2R_SHUFFLE = 2
 # InDeedOAG runs the recorrupted objective where the ELBO kept an image's starting weights ("auto"):
 # held out (384 x 384 crops, synthetic camera noise, one NVIDIA H200, fp32) it gained +0.7 to +4.1 dB
 # over plain where the ELBO alone gained nothing, left PolyU100 as it was (37.36 dB on the scene-test

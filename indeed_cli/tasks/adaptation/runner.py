@@ -38,6 +38,7 @@ from .config import (
     R2R_EVAL_DRAWS,
     R2R_EVAL_EVERY,
     R2R_MIN_CORRELATION,
+    R2R_SHUFFLE,
     R2R_STEPS,
     R2R_TILE,
     AdaptConfig,
@@ -204,7 +205,7 @@ def recorruption_gates(ckpt: Checkpoint, images: list[np.ndarray]) -> list[tuple
     precision (in bf16 they were no faster on an H200)."""
     gated = []
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
-        for image, shuffled in zip(chunk, denoise_batch(ckpt, chunk, pixel_shuffle=2)):
+        for image, shuffled in zip(chunk, denoise_batch(ckpt, chunk, pixel_shuffle=R2R_SHUFFLE)):
             c = removed_noise_correlation(image, shuffled)
             gated.append((c >= R2R_MIN_CORRELATION, c, image - shuffled))
     return gated
