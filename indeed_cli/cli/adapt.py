@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from ..pipelines import adapt_folder
+from ..pipelines import Outcome, adapt_folder
 from ..tasks.adaptation import AdaptConfig
+from .denoise import LITTLE_CHANGE, _pixel_shuffle_option
 from .options import FOLDER, INFERENCE, RunOptions, shared_options
 from .runner import Reporter
 
@@ -190,4 +191,32 @@ def adapt_cmd(
         report=report,
         **run.folder_run(reporter, skip_existing=False),
     )
-    reporter.finish()
+    reporter.finish(unadapted_note(reporter.processed()))
+
+
+def unadapted_note(done: list[Outcome]) -> str:
+    """One line for the images adaptation left alone whose output is nearly the input (less than
+    LITTLE_CHANGE grey levels RMS): the plain model read their noise as signal and neither objective
+    changed that, as on gray camera noise (docs/reports/2026-12-02-gray-camera-noise.md), so name the
+    pixel-shuffle read-out of `indeed denoise`, the stride by the images' channels."""
+    quiet = [
+        o
+        for o in done
+        if not o.record.get("adapted")
+        and o.record.get("change_rms") is not None
+        and o.record["change_rms"] < LITTLE_CHANGE
+    ]
+    if not quiet:
+        return ""
+    if len(quiet) == 1:
+        rms = quiet[0].record["change_rms"]
+        what = f"{quiet[0].source.name} was not adapted and changed by only {rms:.2g} grey levels (RMS)"
+        it, looks, where = "it is", "it looks", quiet[0].source
+    else:
+        what = (
+            f"{len(quiet)} of {len(done)} images were not adapted and changed by less than "
+            f"{LITTLE_CHANGE:g} grey level (RMS)"
+        )
+        it, looks, where = "they are", "they look", "FOLDER"
+    command = f"`indeed denoise {where} -o DIR {_pixel_shuffle_option(quiet)}`"
+    return f"{what}: fine if {it} clean; if {looks} noisy, try {command}"

@@ -31,6 +31,7 @@ from ..tasks.adaptation import (
 )
 from ..tasks.adaptation.config import AG_DEFAULTS, with_defaults
 from .decompose import outputs_for, write_decomposition
+from .denoise import change_rms
 from .inputs import UsageError, check_targets, expand_inputs, input_names, require_folder, take_shard
 from .runner import ModelCache, Outcome, Product, Progress, run_ordered
 from .visualize import elbo_plane
@@ -256,6 +257,7 @@ def _product(
         "output": str(files["denoised"]),
         "mode": mode,
         "modules": cfg.modules,
+        "channels": img.channels,
         "adapted": res.best_step > 0,  # weights other than the starting ones were kept
         # whose objective those weights minimised: "elbo" (the paper's) or "recorrupted"
         "objective": res.objective if res.best_step > 0 else None,
@@ -278,6 +280,9 @@ def _product(
         # the adapted image's place in the plane of the paper's Fig. 7 (--report)
         "l_rank": float(tiles["l_rank"].mean()),
         "l_sparse": float(tiles["l_sparse"].mean()),
+        # RMS of output - input in 8-bit grey levels (as `indeed denoise` reports it): under 1 where the
+        # image kept the plain result and the model reads its noise as signal (gray camera noise, say)
+        "change_rms": change_rms(img.data, out),
     }
 
     def write() -> dict:

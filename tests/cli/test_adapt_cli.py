@@ -40,6 +40,11 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
     for line in out.splitlines():  # loss_kept: the objective of the weights kept, never above the start
         rec = json.loads(line)
         assert rec["loss_best"] <= rec["loss_kept"] <= rec["loss_start"]
+        # change_rms: output against input in grey levels, as written (the PNG rounds to 8 bits)
+        written = np.asarray(Image.open(rec["output"]), dtype=np.float64)
+        source = np.asarray(Image.open(rec["image"]), dtype=np.float64)
+        assert rec["channels"] == 3
+        assert abs(rec["change_rms"] - np.sqrt(np.mean((written - source) ** 2))) < 0.5
     code, out, err = run_cli(
         "adapt",
         d,

@@ -384,3 +384,21 @@ def test_advice_names_the_pixel_shuffle_read_out_unless_it_was_used():
     assert "try --pixel-shuffle 2, `indeed adapt a.png" in little_change_note([Outcome(Path("a.png"), colour)])
     mixed = little_change_note([Outcome(Path("a.png"), rec), Outcome(Path("b.png"), colour)])
     assert "try --pixel-shuffle 2 (3 for the gray ones), `indeed adapt FOLDER" in mixed
+
+
+def test_adapt_names_the_pixel_shuffle_for_images_it_left_nearly_unchanged():
+    from indeed_cli.cli.adapt import unadapted_note
+    from indeed_cli.pipelines import Outcome
+
+    gray = {"adapted": False, "change_rms": 0.4, "channels": 1}
+    assert unadapted_note([Outcome(Path("v.png"), gray)]) == (
+        "v.png was not adapted and changed by only 0.4 grey levels (RMS): fine if it is clean; "
+        "if it looks noisy, try `indeed denoise v.png -o DIR --pixel-shuffle 3`"
+    )
+    colour = {**gray, "channels": 3}
+    two = unadapted_note([Outcome(Path("a.png"), colour), Outcome(Path("b.png"), colour)])
+    assert two.startswith("2 of 2 images were not adapted") and two.endswith("FOLDER -o DIR --pixel-shuffle 2`")
+    # adapted images, images that changed, and records without a change (other shapes) get no line
+    assert unadapted_note([Outcome(Path("a.png"), {**gray, "adapted": True})]) == ""
+    assert unadapted_note([Outcome(Path("a.png"), {**gray, "change_rms": 3.0})]) == ""
+    assert unadapted_note([Outcome(Path("a.png"), {**gray, "change_rms": None})]) == ""
