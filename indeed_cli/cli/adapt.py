@@ -198,7 +198,8 @@ def unadapted_note(done: list[Outcome]) -> str:
     """One line for the images adaptation left alone whose output is nearly the input (less than
     LITTLE_CHANGE grey levels RMS): the plain model read their noise as signal and neither objective
     changed that, as on gray camera noise (docs/reports/2026-12-02-gray-camera-noise.md), so name the
-    pixel-shuffle read-out of `indeed denoise`, the stride by the images' channels."""
+    pixel-shuffle read-out of `indeed denoise`, the stride by the images' channels, and for colour
+    images the camera-noise model."""
     quiet = [
         o
         for o in done
@@ -218,5 +219,7 @@ def unadapted_note(done: list[Outcome]) -> str:
             f"{LITTLE_CHANGE:g} grey level (RMS)"
         )
         it, looks, where = "they are", "they look", "FOLDER"
-    command = f"`indeed denoise {where} -o DIR {_pixel_shuffle_option(quiet)}`"
-    return f"{what}: fine if {it} clean; if {looks} noisy, try {command}"
+    options = [f"`indeed denoise {where} -o DIR {_pixel_shuffle_option(quiet)}`"]
+    if any(o.record.get("channels") == 3 for o in quiet):  # the model trained on camera noise is colour
+        options.append("--weights color-camera (trained on camera noise) instead of the pixel shuffle")
+    return f"{what}: fine if {it} clean; if {looks} noisy, try {' or '.join(options)}"
