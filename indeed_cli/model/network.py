@@ -232,6 +232,67 @@ class UNet(nn.Module):
             x = self.dec[i](self.up[i](x) + skips[i])
         return F.pixel_shuffle(self.head(x), 2)
 
+    def groupable(self) -> bool:
+        """Whether :meth:`grouped_body` computes :meth:`body`: residual blocks without normalisation."""
+        blocks = [b for b in self.modules() if isinstance(b, ResBlock)]
+        return all(isinstance(b.norm1, nn.Identity) and isinstance(b.norm2, nn.Identity) for b in blocks)
+
+    def grouped_body(self, x: Tensor, weights: dict[str, Tensor]) -> Tensor:
+        """:meth:`body` (without ``at_coarsest``) for K sets of this module's weights at once: ``x`` (K, N,
+        in_ch/4, h, w), ``weights`` every parameter by its name in this module with a leading K axis; out
+        (K, N, out_ch/4, h, w).  Each convolution is one grouped call (groups = K) in channels-last layout.
+
+        InDeedOAG adapts K images' copies of f_thetaS together.  Under torch.vmap their convolutions
+        become grouped calls too, but in NCHW layout, whose weight gradients took 41% of the GPU time
+        of the recorrupted adaptation (one NVIDIA H200, bf16); channels-last grouped calls of f_thetaS's
+        shapes ran forward and backward 1.5-3 times faster (docs/reports/2026-12-03-recorrupted-time-and-int8.md)."""
+        K = x.shape[0]
+        x = F.pixel_unshuffle(x.flatten(0, 1), 2)
+        x = _grouped(x.view(K, -1, *x.shape[1:]).to(weights["stem.weight"].dtype))
+
+        def blocks(seq: nn.Sequential, prefix: str, x: Tensor) -> Tensor:
+            for j, blk in enumerate(seq):
+                y = F.relu(_grouped_conv(blk.conv1, weights, f"{prefix}.{j}.conv1", x, K))
+                x = x + _grouped_conv(blk.conv2, weights, f"{prefix}.{j}.conv2", y, K)
+            return x
+
+        x = _grouped_conv(self.stem, weights, "stem", x, K)
+        skips = []
+        for i, down in enumerate(self.down):
+            x = blocks(self.enc[i], f"enc.{i}", x)
+            skips.append(x)
+            x = _grouped_conv(down, weights, f"down.{i}", x, K)
+        x = blocks(self.mid, "mid", x)
+        for i in reversed(range(len(self.up))):
+            x = blocks(self.dec[i], f"dec.{i}", _grouped_conv(self.up[i], weights, f"up.{i}", x, K) + skips[i])
+        x = _ungrouped(_grouped_conv(self.head, weights, "head", x, K), K)
+        out = F.pixel_shuffle(x.flatten(0, 1), 2)
+        return out.view(K, -1, *out.shape[1:])
+
+
+def _grouped(x: Tensor) -> Tensor:
+    """(K, N, C, h, w) -> (N, K*C, h, w), channels-last: K images' features side by side as the channel
+    groups of one grouped convolution."""
+    K, N, C, h, w = x.shape
+    return x.transpose(0, 1).reshape(N, K * C, h, w).contiguous(memory_format=torch.channels_last)
+
+
+def _ungrouped(x: Tensor, K: int) -> Tensor:
+    """(N, K*C, h, w) -> (K, N, C, h, w), the inverse of :func:`_grouped`."""
+    N, KC, h, w = x.shape
+    return x.reshape(N, K, KC // K, h, w).transpose(0, 1)
+
+
+def _grouped_conv(m: nn.Module, weights: dict[str, Tensor], name: str, x: Tensor, K: int) -> Tensor:
+    """``m`` (a Conv2d or ConvTranspose2d) with K stacked weight sets ``weights[name + ".weight"]`` (K, ...)
+    and biases, on grouped features (:func:`_grouped`): one call with groups = K."""
+    w = weights[f"{name}.weight"].flatten(0, 1).contiguous(memory_format=torch.channels_last)
+    b = weights.get(f"{name}.bias")
+    b = None if b is None else b.flatten()
+    if isinstance(m, nn.ConvTranspose2d):  # weight (in, out, kh, kw): K stacked give (K*in, out, kh, kw)
+        return F.conv_transpose2d(x, w, b, m.stride, m.padding, m.output_padding, K, m.dilation)
+    return F.conv2d(x, w, b, m.stride, m.padding, m.dilation, K)
+
 
 class SparseModule(UNet):
     """f_thetaS: (Y - A B^T) -> mu_S, sigma_S, a U-Net at 1/2, 1/4, 1/8 resolution.
@@ -255,6 +316,16 @@ class SparseModule(UNet):
             R = torch.cat([R, L], 1)
         out = self.body(R)  # (N, 2C, h, w)
         mu, raw = out.float().chunk(2, dim=1)  # sigma from fp32 whatever the network's precision
+        return mu, positive(raw)
+
+    def grouped(self, R: Tensor, L: Tensor | None, weights: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """:meth:`forward` for K stacked weight sets (:meth:`UNet.grouped_body`): ``R``, ``L`` (K, N, C, h, w),
+        ``weights`` this module's parameters by name, each (K, ...); mu_S, sigma_S (K, N, C, h, w)."""
+        if self.sees_lowrank:
+            if L is None:
+                raise ValueError("this sparse module also needs the low-rank part A B^T")
+            R = torch.cat([R, L], 2)
+        mu, raw = self.grouped_body(R, weights).float().chunk(2, dim=2)
         return mu, positive(raw)
 
 

@@ -285,12 +285,16 @@ def test_objective_is_checked():
         AdaptConfig(objective="r2r").check()
 
 
-def test_grouped_recorrupted_adaptations_match_separate_ones(rng, monkeypatch):
+@pytest.mark.parametrize("grouped_convolutions", [False, True])
+def test_grouped_recorrupted_adaptations_match_separate_ones(rng, monkeypatch, grouped_convolutions):
     """OAG groups the recorrupted adaptations as it groups the ELBO's: each image gets what it gets
-    alone (its own tiles, noise draws and kept step), the white-noise image the gate refuses too."""
+    alone (its own tiles, noise draws and kept step), the white-noise image the gate refuses too;
+    under torch.vmap and as grouped convolutions (runner.GROUPED_RECORRUPTED)."""
     from dataclasses import replace
 
     from indeed_cli.tasks.adaptation import runner
+
+    monkeypatch.setattr(runner, "GROUPED_RECORRUPTED", grouped_convolutions)
 
     clean = {}
 
@@ -374,3 +378,43 @@ def test_recorrupted_tile_and_batch_settings_reach_its_job(rng, monkeypatch):
     # unset: the ELBO's tile and AdaptConfig.batch (8, capped by the image's 4 tiles of 32); set: its
     # own tiles, noise filters and batch
     assert seen == [(32, 32, 4, 32), (16, 16, 3, 16)]
+
+
+@pytest.mark.parametrize("sparse_input", ["residual", "residual+lowrank"])
+def test_grouped_recorrupted_objective_equals_the_vmapped_one(rng, sparse_input):
+    """K copies of f_thetaS as channels-last grouped convolutions give the vmapped objective, output
+    and weight gradients of each copy (the runner's grouped recorrupted adaptation)."""
+    from torch.func import vmap
+
+    from indeed_cli.tasks.adaptation.objective import (
+        adaptation_objective,
+        grouped_objective_applies,
+        grouped_recorrupted_objective,
+        lowrank_factors,
+    )
+
+    model = tiny_model(sparse_input=sparse_input).requires_grad_(False)
+    cfg = AdaptConfig(sample=False)
+    names = [f"sparse.{n}" for n, _ in model.sparse.named_parameters()]
+    assert grouped_objective_applies(model, names, cached=True, r2r=True)
+    assert not grouped_objective_applies(model, names[:-1], cached=True, r2r=True)
+    base = dict(model.named_parameters())
+    K, n = 3, 2
+    gen = torch.Generator().manual_seed(0)
+    stacked = {  # each copy its own weights, so that a mixed-up group would show
+        k: (base[k][None] + 0.05 * torch.randn(K, *base[k].shape, generator=gen)).requires_grad_(True) for k in names
+    }
+    frozen = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()] if k not in names}
+    Y = torch.from_numpy(rng.random((K, n, 3, 32, 32)).astype(np.float32))
+    T = torch.from_numpy(rng.random((K, n, 3, 32, 32)).astype(np.float32))
+    F = lowrank_factors(model, Y, cfg)
+    f = vmap(lambda p, y, fa, t: adaptation_objective(model, p, frozen, y, cfg, False, fa, t), in_dims=(0, 0, 0, 0))
+    obj_v, X_v = f(stacked, Y, F, T)
+    grads_v = torch.autograd.grad(obj_v.sum(), list(stacked.values()))
+    obj_g, X_g = grouped_recorrupted_objective(model, stacked, Y, F, T)
+    grads_g = torch.autograd.grad(obj_g.sum(), list(stacked.values()))
+    assert obj_g.shape == (K, n) and X_g.shape == Y.shape
+    torch.testing.assert_close(obj_g, obj_v, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(X_g, X_v, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads_g, grads_v):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)

@@ -43,6 +43,31 @@ def adaptation_objective(
     return obj / float(Y[0].numel()), X
 
 
+def grouped_recorrupted_objective(
+    model, params: dict, Y: torch.Tensor, factors: tuple, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (recorrupted objective) per sample for K copies of f_thetaS at once, without torch.vmap: what
+    :func:`adaptation_objective` gives under ``vmap`` with ``target`` and the cached ``factors`` (posterior
+    means, no sampling), f_thetaS's convolutions as grouped calls (``InDeed.sparse.grouped``).
+    ``params``: every parameter of f_thetaS by its name in the model ("sparse. ..."), each (K, ...);
+    ``Y``, ``target`` (K, n, C, h, w); ``factors`` (mu_A, sigma_A, mu_B, sigma_B), each (K, n, ...).
+    Returns the objective (K, n) and the output L + S (K, n, C, h, w)."""
+    weights = {name.removeprefix("sparse."): v for name, v in params.items()}
+    mu_A, _, mu_B, _ = factors
+    L_hat = P.low_rank(mu_A, mu_B)
+    mu_S, _ = model.sparse.grouped(Y - L_hat, L_hat, weights)
+    X = L_hat.float() + mu_S
+    return recorrupted_objective(X, target), X
+
+
+def grouped_objective_applies(model, names: list[str], cached: bool, r2r: bool) -> bool:
+    """Whether :func:`grouped_recorrupted_objective` can replace the vmapped objective: the recorrupted
+    objective with the low-rank module frozen and cached, all of f_thetaS (and nothing else) adapted,
+    and f_thetaS without normalisation (``UNet.groupable``)."""
+    sparse = [f"sparse.{n}" for n, _ in model.sparse.named_parameters()]
+    return r2r and cached and sorted(names) == sorted(sparse) and model.sparse.groupable()
+
+
 def lowrank_factors(model, tiles: torch.Tensor, cfg: AdaptConfig, chunk: int = 256) -> tuple[torch.Tensor, ...]:
     """(mu_A, sigma_A, mu_B, sigma_B) of every tile (leading dims kept), from the frozen low-rank
     module, computed once: when only f_thetaS adapts they do not change between steps, and

@@ -48,7 +48,13 @@ from .config import (
     with_defaults,
 )
 from .noise_level import pooled_noise_sigma
-from .objective import adaptation_objective, lowrank_factors, take
+from .objective import (
+    adaptation_objective,
+    grouped_objective_applies,
+    grouped_recorrupted_objective,
+    lowrank_factors,
+    take,
+)
 from .recorrupted import (
     coloured,
     correlated_noise,
@@ -425,6 +431,14 @@ def _average_gradients(params, scale: float) -> None:
                 p.grad.mul_(scale)
 
 
+# Whether grouped recorrupted adaptations run f_thetaS's copies as channels-last grouped convolutions
+# (grouped_recorrupted_objective) instead of under torch.vmap.  The same objective, outputs and gradients
+# (tests/unit/test_recorrupted.py); on one NVIDIA H200 in bf16 single convolutions of f_thetaS's shapes ran
+# forward and backward 1.5-3 times faster so than vmap's, but OAG end to end has not been timed with it:
+# off until it has been (docs/reports/2026-12-03-recorrupted-time-and-int8.md, section 4).
+GROUPED_RECORRUPTED = False
+
+
 def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: AdaptConfig, log):
     """The adaptation loop for K entries whose batches have the same shapes (see module doc).
 
@@ -476,8 +490,16 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
             )
             for s in (True, False)
         }
+        # the recorrupted objective runs f_thetaS's K copies as channels-last grouped convolutions
+        # instead: vmap's NCHW grouped weight gradients were 41% of its GPU time (Eq. recorrupted objective
+        # either way; docs/reports/2026-12-03-recorrupted-time-and-int8.md)
+        grouped = GROUPED_RECORRUPTED and grouped_objective_applies(model, names, cached, r2r)
 
         def run(p, Y, sample, F, T=None):
+            if grouped:
+                return grouped_recorrupted_objective(
+                    model, {n: v.to(torch.bfloat16) for n, v in p.items()} if half else p, Y, F, T
+                )
             return vmapped[sample](p, Y, F, T)
 
         view = params
