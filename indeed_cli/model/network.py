@@ -245,7 +245,7 @@ class UNet(nn.Module):
         InDeedOAG adapts K images' copies of f_thetaS together.  Under torch.vmap their convolutions
         become grouped calls too, but in NCHW layout, whose weight gradients took 41% of the GPU time
         of the recorrupted adaptation (one NVIDIA H200, bf16); channels-last grouped calls of f_thetaS's
-        shapes ran forward and backward 1.5-3 times faster (docs/reports/2026-12-03-recorrupted-time-and-int8.md)."""
+        shapes ran forward and backward 1.2-3.1 times faster (docs/reports/2026-12-03-recorrupted-time-and-int8.md)."""
         K = x.shape[0]
         x = F.pixel_unshuffle(x.flatten(0, 1), 2)
         x = _grouped(x.view(K, -1, *x.shape[1:]).to(weights["stem.weight"].dtype))

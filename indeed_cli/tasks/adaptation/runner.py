@@ -434,7 +434,7 @@ def _average_gradients(params, scale: float) -> None:
 # Whether grouped recorrupted adaptations run f_thetaS's copies as channels-last grouped convolutions
 # (grouped_recorrupted_objective) instead of under torch.vmap.  The same objective, outputs and gradients
 # (tests/unit/test_recorrupted.py); on one NVIDIA H200 in bf16 single convolutions of f_thetaS's shapes ran
-# forward and backward 1.5-3 times faster so than vmap's, but OAG end to end has not been timed with it:
+# forward and backward 1.2-3.1 times faster so than vmap's, but OAG end to end has not been timed with it:
 # off until it has been (docs/reports/2026-12-03-recorrupted-time-and-int8.md, section 4).
 GROUPED_RECORRUPTED = False
 
