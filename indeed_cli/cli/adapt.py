@@ -9,7 +9,7 @@ import typer
 
 from ..pipelines import Outcome, adapt_folder
 from ..tasks.adaptation import AdaptConfig
-from .denoise import LITTLE_CHANGE, _pixel_shuffle_option
+from .denoise import nearly_unchanged, pixel_shuffle_option, unchanged_phrase
 from .options import FOLDER, INFERENCE, RunOptions, shared_options
 from .runner import Reporter
 
@@ -195,31 +195,17 @@ def adapt_cmd(
 
 
 def unadapted_note(done: list[Outcome]) -> str:
-    """One line for the images adaptation left alone whose output is nearly the input (less than
-    LITTLE_CHANGE grey levels RMS): the plain model read their noise as signal and neither objective
+    """One line for the images adaptation left alone whose output is nearly the input
+    (:func:`nearly_unchanged`): the plain model read their noise as signal and neither objective
     changed that, as on gray camera noise (docs/reports/2026-12-02-gray-camera-noise.md), so name the
     pixel-shuffle read-out of `indeed denoise`, the stride by the images' channels, and for colour
     images the camera-noise model."""
-    quiet = [
-        o
-        for o in done
-        if not o.record.get("adapted")
-        and o.record.get("change_rms") is not None
-        and o.record["change_rms"] < LITTLE_CHANGE
-    ]
+    quiet = nearly_unchanged(done)
     if not quiet:
         return ""
-    if len(quiet) == 1:
-        rms = quiet[0].record["change_rms"]
-        what = f"{quiet[0].source.name} was not adapted and changed by only {rms:.2g} grey levels (RMS)"
-        it, looks, where = "it is", "it looks", quiet[0].source
-    else:
-        what = (
-            f"{len(quiet)} of {len(done)} images were not adapted and changed by less than "
-            f"{LITTLE_CHANGE:g} grey level (RMS)"
-        )
-        it, looks, where = "they are", "they look", "FOLDER"
-    options = [f"`indeed denoise {where} -o DIR {_pixel_shuffle_option(quiet)}`"]
+    what, it, looks, _ = unchanged_phrase(quiet, done, "was not adapted and ", "were not adapted and ")
+    where = quiet[0].source if len(quiet) == 1 else "FOLDER"
+    options = [f"`indeed denoise {where} -o DIR {pixel_shuffle_option(quiet)}`"]
     if any(o.record.get("channels") == 3 for o in quiet):  # the model trained on camera noise is colour
         options.append("--weights color-camera (trained on camera noise) instead of the pixel shuffle")
     return f"{what}: fine if {it} clean; if {looks} noisy, try {' or '.join(options)}"

@@ -92,25 +92,35 @@ def denoise_cmd(
 LITTLE_CHANGE = 1.0
 
 
-def little_change_note(done: list[Outcome]) -> str:
-    """One line when images that were not flagged came out nearly unchanged: nothing to do if they are
-    clean, but real camera noise that the model reads as signal looks the same from here."""
-    quiet = [
+def nearly_unchanged(done: list[Outcome]) -> list[Outcome]:
+    """The images not adapted whose output is less than LITTLE_CHANGE grey levels (RMS) from the input."""
+    return [
         o
         for o in done
         if o.record.get("change_rms") is not None  # None: output and input of different shapes
         and o.record["change_rms"] < LITTLE_CHANGE
-        and not o.record.get("ood")
         and not o.record.get("adapted")
     ]
+
+
+def unchanged_phrase(quiet: list[Outcome], done: list[Outcome], one: str = "", many: str = "") -> tuple[str, ...]:
+    """What a note says of the nearly unchanged images ``quiet`` of ``done``, and its words for them:
+    (what, "it is" / "they are", "it looks" / "they look", "its" / "their"); ``one`` / ``many`` go
+    before "changed" for a single image / several."""
+    if len(quiet) == 1:
+        rms = quiet[0].record["change_rms"]
+        return f"{quiet[0].source.name} {one}changed by only {rms:.2g} grey levels (RMS)", "it is", "it looks", "its"
+    what = f"{len(quiet)} of {len(done)} images {many}changed by less than {LITTLE_CHANGE:g} grey level (RMS)"
+    return what, "they are", "they look", "their"
+
+
+def little_change_note(done: list[Outcome]) -> str:
+    """One line when images that were not flagged came out nearly unchanged: nothing to do if they are
+    clean, but real camera noise that the model reads as signal looks the same from here."""
+    quiet = [o for o in nearly_unchanged(done) if not o.record.get("ood")]
     if not quiet:
         return ""
-    if len(quiet) == 1:
-        what = f"{quiet[0].source.name} changed by only {quiet[0].record['change_rms']:.2g} grey levels (RMS)"
-        it, looks, its = "it is", "it looks", "its"
-    else:
-        what = f"{len(quiet)} of {len(done)} images changed by less than {LITTLE_CHANGE:g} grey level (RMS)"
-        it, looks, its = "they are", "they look", "their"
+    what, it, looks, its = unchanged_phrase(quiet, done)
     options = _alternatives(quiet)
     return f"{what}: fine if {it} clean; if {looks} noisy, {its} noise is unlike Gaussian noise: try {options}"
 
@@ -122,7 +132,7 @@ def _alternatives(images: list[Outcome], first: tuple[str, ...] = ()) -> str:
     colour image denoised with another model (weights/README.md)."""
     options = list(first)
     if all(o.record.get("pixel_shuffle", 1) == 1 for o in images):
-        options.append(_pixel_shuffle_option(images))
+        options.append(pixel_shuffle_option(images))
     if len(images) == 1:
         options.append(f"`indeed adapt {images[0].source} --mode oag -o DIR`")
     else:
@@ -141,7 +151,7 @@ def _alternatives(images: list[Outcome], first: tuple[str, ...] = ()) -> str:
 SUGGESTED_PIXEL_SHUFFLE = {1: 3, 3: 2}
 
 
-def _pixel_shuffle_option(images: list[Outcome]) -> str:
+def pixel_shuffle_option(images: list[Outcome]) -> str:
     """``--pixel-shuffle N`` for these images: 3 for gray ones, 2 for colour ones, both named for a mix."""
     strides = {SUGGESTED_PIXEL_SHUFFLE.get(o.record.get("channels"), 2) for o in images}
     if len(strides) == 1:

@@ -477,10 +477,11 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
         base = dict(model.named_parameters())
         params = {n: base[n].detach().unsqueeze(0).repeat(K, *[1] * base[n].dim()).requires_grad_(True) for n in names}
 
+        def cast(p):  # the weights of one pass: bf16 copies of the fp32 masters where half
+            return {n: v.to(torch.bfloat16) for n, v in p.items()} if half else p
+
         def objective(p, Y, F, T, s):
-            if half:
-                p = {n: v.to(torch.bfloat16) for n, v in p.items()}
-            return adaptation_objective(model, p, frozen, Y, cfg, s, F, T)
+            return adaptation_objective(model, cast(p), frozen, Y, cfg, s, F, T)
 
         vmapped = {
             s: vmap(
@@ -497,9 +498,7 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
 
         def run(p, Y, sample, F, T=None):
             if grouped:
-                return grouped_recorrupted_objective(
-                    model, {n: v.to(torch.bfloat16) for n, v in p.items()} if half else p, Y, F, T
-                )
+                return grouped_recorrupted_objective(model, cast(p), Y, F, T)
             return vmapped[sample](p, Y, F, T)
 
         view = params
