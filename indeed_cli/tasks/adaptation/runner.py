@@ -433,10 +433,10 @@ def _average_gradients(params, scale: float) -> None:
 
 # Whether grouped recorrupted adaptations run f_thetaS's copies as channels-last grouped convolutions
 # (grouped_recorrupted_objective) instead of under torch.vmap.  The same objective, outputs and gradients
-# (tests/unit/test_recorrupted.py); on one NVIDIA H200 in bf16 single convolutions of f_thetaS's shapes ran
-# forward and backward 1.2-3.1 times faster so than vmap's, but OAG end to end has not been timed with it:
-# off until it has been (docs/reports/2026-12-03-recorrupted-time-and-int8.md, section 4).
-GROUPED_RECORRUPTED = False
+# (tests/unit/test_recorrupted.py); end to end on one NVIDIA H200 in bf16 OAG took 0.100-0.104 s instead of
+# 0.110-0.118 s per 512 x 512 image where every image takes the recorrupted objective, the same PSNR to
+# 0.01 dB (docs/reports/2026-12-03-recorrupted-time-and-int8.md, section 5).  False: vmap, as until then.
+GROUPED_RECORRUPTED = True
 
 
 def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: AdaptConfig, log):
