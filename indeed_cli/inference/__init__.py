@@ -22,6 +22,7 @@ from .decomposition import (
     n_tiles,
     pixel_shuffle_denoise,
     pixel_shuffle_fits,
+    shuffled_residuals,
     sparse_mean,
     support_probability,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "network_for",
     "pixel_shuffle_denoise",
     "pixel_shuffle_fits",
+    "shuffled_residuals",
     "reflect_index",
     "resolve_device",
     "resolve_precision",

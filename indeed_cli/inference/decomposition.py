@@ -414,36 +414,67 @@ def check_pixel_shuffle(value) -> int | str:
     return stride
 
 
+def _batch_of_one(a: np.ndarray, dtype=None) -> torch.Tensor:
+    """A (C, h, w) array as a (1, C, h, w) CPU tensor (copied where it is not contiguous or writable)."""
+    a = np.ascontiguousarray(a, dtype=dtype)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())[None]
+
+
 def removed_noise_correlation(noisy: np.ndarray, plain: np.ndarray) -> float:
     """Lag-1 correlation coefficient of Y - (L + S), along rows and columns pooled: about 0 for
-    Gaussian noise, positive for demosaiced camera noise (and for image structure a read-out removes)."""
-    n = noisy.astype(np.float64) - plain
-    n -= n.mean(axis=(1, 2), keepdims=True)
+    Gaussian noise, positive for demosaiced camera noise (and for image structure a read-out removes).
+    One (C, h, w) image; :func:`removed_noise_correlations` computes it."""
+    return float(removed_noise_correlations(_batch_of_one(noisy), _batch_of_one(plain))[0])
 
-    def dot(a: np.ndarray, b: np.ndarray) -> float:  # sum of a * b without the product array
-        return float(np.einsum("cij,cij->", a, b))
 
-    right, left, down, up = n[:, :, 1:], n[:, :, :-1], n[:, 1:], n[:, :-1]
+def removed_noise_correlations(noisy: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
+    """:func:`removed_noise_correlation` of each of B images, (B, C, h, w) tensors on any device (the
+    same device as ``noisy``, float64 sums) -> (B,) float64: so the recorrupted adaptation's gate is
+    computed where its read-outs were made."""
+    n = noisy.double() - plain.double()
+    n = n - n.mean(dim=(2, 3), keepdim=True)
+
+    def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a * b).sum(dim=(1, 2, 3))
+
+    right, left, down, up = n[..., 1:], n[..., :-1], n[..., 1:, :], n[..., :-1, :]
     num = dot(right, left) + dot(down, up)
-    den = np.sqrt(dot(right, right) * dot(left, left)) + np.sqrt(dot(down, down) * dot(up, up))
-    return float(num / den) if den > 0 else 0.0
+    den = (dot(right, right) * dot(left, left)).sqrt() + (dot(down, down) * dot(up, up)).sqrt()
+    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.zeros_like(num))
 
 
-def _local_mean(x: np.ndarray, window: int) -> np.ndarray:
-    """Mean over window x window neighbourhoods of a (h, w) array, reflect-padded (replicated where
-    the image is smaller than the window)."""
-    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None, None]
+def _local_mean(x: torch.Tensor, window: int) -> torch.Tensor:
+    """Mean over window x window neighbourhoods of each (h, w) plane of a (B, h, w) tensor,
+    reflect-padded (replicated where the image is smaller than the window), as two one-dimensional
+    means (a ninth of the 2-D window's additions for 9 x 9: 4 instead of 8 ms per 512 x 512 plane on
+    a 2-core CPU)."""
     pad = window // 2
-    mode = "reflect" if min(x.shape) > pad else "replicate"
-    return F.avg_pool2d(F.pad(t, (pad,) * 4, mode=mode), window, 1)[0, 0].numpy()
+    mode = "reflect" if min(x.shape[-2:]) > pad else "replicate"
+    t = F.pad(x[:, None], (pad,) * 4, mode=mode)
+    return F.avg_pool2d(F.avg_pool2d(t, (window, 1), 1), (1, window), 1)[:, 0]
+
+
+def _median(x: torch.Tensor) -> torch.Tensor:
+    """The median of each row of a (B, n) tensor, the mean of the two middle values for even n (as
+    numpy's)."""
+    n = x.shape[-1]
+    upper = x.kthvalue(n // 2 + 1, -1).values
+    return upper if n % 2 else (x.kthvalue(n // 2, -1).values + upper) / 2
 
 
 def pixel_shuffle_guard(plain: np.ndarray, shuffled: np.ndarray) -> np.ndarray:
     """The shuffled read-out where it agrees with the plain one, the plain one where they disagree by
-    more than GUARD_FACTOR x the image's median local disagreement, blended over GUARD_WINDOW pixels."""
-    disagreement = _local_mean(np.square(plain - shuffled).mean(0), GUARD_WINDOW)
-    keep = (disagreement <= GUARD_FACTOR * np.median(disagreement)).astype(np.float32)
-    weight = _local_mean(keep, GUARD_WINDOW)[None]
+    more than GUARD_FACTOR x the image's median local disagreement, blended over GUARD_WINDOW pixels.
+    One (C, h, w) image; :func:`pixel_shuffle_guards` computes it."""
+    return pixel_shuffle_guards(_batch_of_one(plain, np.float32), _batch_of_one(shuffled, np.float32))[0].numpy()
+
+
+def pixel_shuffle_guards(plain: torch.Tensor, shuffled: torch.Tensor) -> torch.Tensor:
+    """:func:`pixel_shuffle_guard` of each of B images, (B, C, h, w) float32 tensors on any device."""
+    disagreement = _local_mean((plain - shuffled).square().mean(1), GUARD_WINDOW)
+    threshold = GUARD_FACTOR * _median(disagreement.flatten(1))
+    keep = (disagreement <= threshold[:, None, None]).float()
+    weight = _local_mean(keep, GUARD_WINDOW)[:, None]
     return weight * shuffled + (1.0 - weight) * plain
 
 
@@ -659,6 +690,40 @@ def denoise_batch(
     if ensemble > 1:
         out = [x / np.float32(ensemble) for x in out]
     return [clip_in_place(x) if clip else x for x in out]
+
+
+def shuffled_residuals(
+    ckpt: Checkpoint, images: list[np.ndarray], stride: int, opts: InferenceOptions | None = None
+) -> list[tuple[np.ndarray, float]]:
+    """Per (C, h, w) image Y: the residual R = Y - X_ps of its pixel-shuffled read-out (X_ps what
+    ``denoise_batch(ckpt, images, opts, pixel_shuffle=stride)`` gives, clipped) and R's lag-1
+    correlation (:func:`removed_noise_correlation`).  The read-outs are made as denoise_batch makes
+    them; the guard, the residual and the correlation of the images of one size are computed on the
+    model's device, once for all of them (on the host they cost a 512 x 512 image 25 ms on a 2-core
+    CPU, more than its share of a GPU's read-outs): the recorrupted adaptation's gate and noise estimate."""
+    opts = opts or InferenceOptions()
+    data = [as_image(im)[0] for im in images]
+    for d in data:
+        _check_fits(d, stride)
+    plain = _plain_batch(ckpt, data, opts)
+    shuffled = shuffled_readouts(ckpt, data, stride, opts)
+    device = next(ckpt.model.parameters()).device
+    out: list = [None] * len(data)
+    by_size: dict[tuple, list[int]] = {}
+    for i, d in enumerate(data):
+        by_size.setdefault(d.shape, []).append(i)
+    for members in by_size.values():
+
+        def stack(arrays: list[np.ndarray]) -> torch.Tensor:
+            return torch.from_numpy(np.stack([arrays[i] for i in members])).to(device)
+
+        Y = stack(data)
+        X = pixel_shuffle_guards(stack(plain), stack(shuffled)).clamp_(0.0, 1.0)
+        R = Y - X
+        corr = removed_noise_correlations(Y, X).tolist()
+        for i, r, c in zip(members, R.cpu().numpy(), corr):
+            out[i] = (r, c)
+    return out
 
 
 def denoise_with_stats(

@@ -131,6 +131,18 @@ def _ckpt(c=3):
     return Checkpoint(m, m.cfg, {}, {}, "tiny")
 
 
+def _gate_readout(monkeypatch, readout):
+    """Let the gate's pixel-shuffled read-out of images ``ys`` be ``readout(ys)`` (an untrained model's is
+    no denoiser): its residuals and their correlations as shuffled_residuals computes them."""
+    from indeed_cli.inference.decomposition import removed_noise_correlation
+    from indeed_cli.tasks.adaptation import runner
+
+    def residuals(ck, ys, stride, *a):
+        return [(y - x, removed_noise_correlation(y, x)) for y, x in zip(ys, readout(ys))]
+
+    monkeypatch.setattr(runner, "shuffled_residuals", residuals)
+
+
 def _clean(c=3, size=64):
     return (0.5 + 0.1 * np.sin(np.arange(size) / 5)[None, :, None] * np.ones((c, size, size))).astype(np.float32)
 
@@ -145,7 +157,7 @@ def test_recorrupted_adaptation_changes_only_f_theta_s_and_records_itself(rng, o
 
     # an untrained model's pixel-shuffled read-out is no denoiser: let it return the clean image, so
     # that the noise estimate is the noise itself
-    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean() for _ in ys])
+    _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
     ck = _ckpt()
     cfg = AdaptConfig(
         objective=objective,
@@ -173,7 +185,7 @@ def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypat
     """White noise: the gate refuses; the ELBO's result stays, with the gate's correlation."""
     from indeed_cli.tasks.adaptation import runner
 
-    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [np.full_like(y, 0.5) for y in ys])
+    _gate_readout(monkeypatch, lambda ys: [np.full_like(y, 0.5) for y in ys])
     white = [np.clip(0.5 + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)]
     cfg = AdaptConfig(objective="auto", decide="always", max_change=1e-9)
     res = adapt_each(_ckpt(), [white], cfg, tile=32)[0]
@@ -184,7 +196,7 @@ def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypat
 def test_recorrupted_adaptation_of_a_gray_model(rng, monkeypatch):
     from indeed_cli.tasks.adaptation import runner
 
-    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean(1) for _ in ys])
+    _gate_readout(monkeypatch, lambda ys: [_clean(1) for _ in ys])
     ck = _ckpt(1)
     res = adapt_each(ck, [_noisy(rng, c=1)], AdaptConfig(objective="recorrupted", lr=1e-2), tile=32)[0]
     assert res.objective == "recorrupted" and res.best_step > 0
@@ -201,22 +213,22 @@ def test_elbo_objective_never_runs_the_recorrupted_one(rng, monkeypatch):
 
 
 def test_gate_admits_correlated_noise_and_refuses_white_noise(rng, monkeypatch):
-    """Eq. (recorruption gate) on a read-out that returns the clean image: its residual is the noise."""
+    """Eq. (recorruption gate) on read-outs that return the clean image: its residual is the noise."""
+    from indeed_cli.inference import decomposition as D
     from indeed_cli.tasks.adaptation import runner
 
     clean = np.full((3, 64, 64), 0.5, np.float32)
-    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [clean for _ in ys])
+    calls = []
+    monkeypatch.setattr(D, "_plain_batch", lambda ck, ys, *a: [clean for _ in ys])
+    monkeypatch.setattr(D, "shuffled_readouts", lambda ck, ys, *a: calls.append(len(ys)) or [clean for _ in ys])
     coloured = clean + _coloured_noise(rng, 1, 64)[0].astype(np.float32)
     white = clean + rng.normal(0, 0.05, clean.shape).astype(np.float32)
-    (ok, correlation, residual), refused = runner.recorruption_gates(None, [coloured, white])
-    assert ok and correlation > 0.4 and np.allclose(residual, coloured - clean)
+    (ok, correlation, residual), refused = runner.recorruption_gates(_ckpt(), [coloured, white])
+    assert ok and correlation > 0.4 and np.allclose(residual, np.clip(coloured, 0, 1) - clean, atol=1e-7)
     assert not refused[0]
-    calls = []
-    monkeypatch.setattr(
-        runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: calls.append(len(ys)) or [clean] * len(ys)
-    )
+    calls.clear()
     monkeypatch.setattr(runner, "GATE_PIXELS", 2 * 64 * 64)  # read-outs of at most two images together
-    again = runner.recorruption_gates(None, [coloured, white, coloured])
+    again = runner.recorruption_gates(_ckpt(), [coloured, white, coloured])
     assert calls == [2, 1] and [g[:2] for g in again] == [(ok, correlation), refused[:2], (ok, correlation)]
 
 
@@ -234,7 +246,7 @@ def test_ag_recorrupted_adapts_once_for_the_images_its_gate_admits(rng, monkeypa
     pixel-shuffled residual is correlated (the white-noise image is left out)."""
     from indeed_cli.tasks.adaptation import adapt, runner
 
-    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean() for _ in ys])
+    _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
     white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)
     cfg = AdaptConfig(objective="recorrupted", lr=1e-3)
     res = adapt(_ckpt(), [_noisy(rng)[0], white, _noisy(rng)[0]], cfg, tile=32)
@@ -298,10 +310,7 @@ def test_grouped_recorrupted_adaptations_match_separate_ones(rng, monkeypatch, g
 
     clean = {}
 
-    def readout(ck, ys, *a, pixel_shuffle=1):  # the clean images the noisy ones were made from
-        return [clean[y.tobytes()] for y in ys]
-
-    monkeypatch.setattr(runner, "denoise_batch", readout)
+    _gate_readout(monkeypatch, lambda ys: [clean[y.tobytes()] for y in ys])  # the images the noisy ones were made from
     images = []
     for k, sigma in enumerate([0.05, 0.08, 0.03]):
         base = (_clean() * (0.6 + 0.2 * k)).astype(np.float32)
@@ -334,7 +343,7 @@ def test_ag_auto_keeps_a_recorrupted_fallback_for_images_the_elbo_output_leaves(
     fallback's where its gate admitted the image, else the plain model's."""
     from indeed_cli.tasks.adaptation import adapt, ag_image_result, runner
 
-    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean() for _ in ys])
+    _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
     white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)
     images = [_noisy(rng)[0], white]
     ck = _ckpt()
@@ -360,7 +369,7 @@ def test_ag_auto_keeps_a_recorrupted_fallback_for_images_the_elbo_output_leaves(
 def test_recorrupted_tile_and_batch_settings_reach_its_job(rng, monkeypatch):
     from indeed_cli.tasks.adaptation import runner
 
-    monkeypatch.setattr(runner, "denoise_batch", lambda ck, ys, *a, pixel_shuffle=1: [_clean() for _ in ys])
+    _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
     seen = []
     job_of = runner._recorrupted_job
 

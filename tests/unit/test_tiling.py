@@ -275,6 +275,44 @@ def test_denoise_batch_equals_one_read_out_per_image(model_c, image_c, monkeypat
         np.testing.assert_allclose(y, denoise(ck, x, opts), atol=1e-5)
 
 
+@pytest.mark.parametrize("model_c,image_c", [(3, 3), (1, 3)])
+def test_shuffled_residuals_are_those_of_denoise_batch(model_c, image_c):
+    """The gate's residuals, computed on the model's device for the images of one size at once, are
+    Y minus what denoise_batch gives at stride 2 (clipped), with its correlation, for every image."""
+    from indeed_cli.inference import decomposition as D
+    from indeed_cli.inference import denoise_batch, shuffled_residuals
+    from indeed_cli.model import Checkpoint
+
+    m = tiny_model(model_c)
+    ck = Checkpoint(m, m.cfg)
+    rng = np.random.default_rng(3)
+    images = [rng.random((image_c, h, w)).astype(np.float32) for h, w in [(48, 40), (30, 50), (48, 40)]]
+    opts = InferenceOptions(tile=16, overlap=4)
+    got = shuffled_residuals(ck, images, 2, opts)
+    for x, y, (r, c) in zip(images, denoise_batch(ck, images, opts, pixel_shuffle=2), got):
+        np.testing.assert_allclose(r, x - y, atol=1e-6)
+        assert abs(c - D.removed_noise_correlation(x, y)) < 1e-9
+    with pytest.raises(ValueError, match="too small"):
+        shuffled_residuals(ck, [images[0][:, :1, :5]], 2, opts)
+
+
+def test_batched_guards_and_correlations_are_each_images_own():
+    from indeed_cli.inference import decomposition as D
+
+    rng = np.random.default_rng(4)
+    plain = rng.random((3, 3, 40, 30)).astype(np.float32)
+    shuffled = plain + 0.02 * rng.standard_normal(plain.shape).astype(np.float32)
+    shuffled[1, :, 5:15, 5:15] += 0.5
+    both = D.pixel_shuffle_guards(torch.from_numpy(plain), torch.from_numpy(shuffled)).numpy()
+    corr = D.removed_noise_correlations(torch.from_numpy(shuffled), torch.from_numpy(plain)).numpy()
+    for k in range(3):
+        np.testing.assert_allclose(both[k], D.pixel_shuffle_guard(plain[k], shuffled[k]), atol=1e-7)
+        assert abs(corr[k] - D.removed_noise_correlation(shuffled[k], plain[k])) < 1e-12
+    # numpy's median: the mean of the two middle values of an even count
+    x = torch.tensor([[4.0, 1.0, 3.0, 2.0], [5.0, 1.0, 3.0, 7.0]])
+    assert D._median(x).tolist() == [2.5, 4.0] and D._median(x[:, :3]).tolist() == [3.0, 3.0]
+
+
 def test_pixel_shuffle_guard_keeps_the_plain_read_out_where_the_two_disagree():
     from indeed_cli.inference.decomposition import GUARD_WINDOW, pixel_shuffle_guard
 

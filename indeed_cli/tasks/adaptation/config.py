@@ -99,7 +99,7 @@ R2R_SHUFFLE = 2
 # held out (384 x 384 crops, synthetic camera noise, one NVIDIA H200, fp32) it gained +0.7 to +4.1 dB
 # over plain where the ELBO alone gained nothing, left PolyU100 as it was (37.36 dB on the scene-test
 # half) and white Gaussian noise untouched.  It costs time where it runs (an H200, bf16, batched over
-# OAG's groups: 0.10 s per 512 x 512 image against 0.03-0.05 for the ELBO alone) and, on photographs
+# OAG's groups: 0.09 s per 512 x 512 image against 0.03-0.05 for the ELBO alone) and, on photographs
 # without noise, detail (the ELBO's losses there are larger).  AG with objective "recorrupted" adapts
 # on the images its gate admits and skips the ELBO's per-image choice (+2.4 / +4.0 dB on held-out heavy
 # camera noise); on PolyU100 it changed nothing, where the ELBO gains 1.3 dB.  So AG's default, "auto",

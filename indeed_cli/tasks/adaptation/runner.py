@@ -26,8 +26,7 @@ import torch
 import torch.distributed as tdist
 from torch.func import vmap
 
-from ...inference import InferenceOptions, TileGrid, as_model_channels, denoise_batch
-from ...inference.decomposition import removed_noise_correlation
+from ...inference import InferenceOptions, TileGrid, as_model_channels, shuffled_residuals
 from ...model import Checkpoint
 from ..ood import image_ood_score
 from .config import (
@@ -206,14 +205,14 @@ def recorruption_gates(ckpt: Checkpoint, images: list[np.ndarray]) -> list[tuple
     R2R_MIN_CORRELATION): demosaicked camera noise.  Where the noise is white the plain read-out
     removes it already, and R is mostly the white noise plus the detail the pixel-shuffled read-out
     loses, so the noise drawn from it would be too strong.  The read-outs of all the images are
-    made together (:func:`~indeed_cli.inference.denoise_batch`: five small read-outs per image cost
-    OAG a third of its time on a GPU when made one by one), in fp32 whatever the adaptation's
-    precision (in bf16 they were no faster on an H200)."""
+    made together, and their guard, residual and correlation computed on the model's device
+    (:func:`~indeed_cli.inference.shuffled_residuals`: five small read-outs per image cost OAG a third
+    of its time on a GPU when made one by one), in fp32 whatever the adaptation's precision (in bf16
+    they were no faster on an H200)."""
     gated = []
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
-        for image, shuffled in zip(chunk, denoise_batch(ckpt, chunk, pixel_shuffle=R2R_SHUFFLE)):
-            c = removed_noise_correlation(image, shuffled)
-            gated.append((c >= R2R_MIN_CORRELATION, c, image - shuffled))
+        for residual, c in shuffled_residuals(ckpt, chunk, R2R_SHUFFLE):
+            gated.append((c >= R2R_MIN_CORRELATION, c, residual))
     return gated
 
 
