@@ -713,12 +713,8 @@ def shuffled_residuals(
     for i, d in enumerate(data):
         by_size.setdefault(d.shape, []).append(i)
     for members in by_size.values():
-
-        def stack(arrays: list[np.ndarray]) -> torch.Tensor:
-            return torch.from_numpy(np.stack([arrays[i] for i in members])).to(device)
-
-        Y = stack(data)
-        X = pixel_shuffle_guards(stack(plain), stack(shuffled)).clamp_(0.0, 1.0)
+        Y, P, S = (torch.from_numpy(np.stack([a[i] for i in members])).to(device) for a in (data, plain, shuffled))
+        X = pixel_shuffle_guards(P, S).clamp_(0.0, 1.0)
         R = Y - X
         corr = removed_noise_correlations(Y, X).tolist()
         for i, r, c in zip(members, R.cpu().numpy(), corr):

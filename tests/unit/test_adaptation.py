@@ -393,6 +393,14 @@ def test_block_noise_sigma_reads_the_noise_of_the_flat_blocks():
     assert block_noise_sigma(np.zeros((1, 4, 4))) == 0.0
     pooled = pooled_noise_sigma([noisy, 0.5 * noisy])
     assert pooled == pytest.approx(np.sqrt((est**2 + block_noise_sigma(0.5 * noisy) ** 2) / 2))
+    # Eq. (noise level) computed directly: per channel the 25th percentile of the blocks' unbiased
+    # variances (numpy's linear percentile), their mean, its root, in 8-bit units; unclipped blocks only
+    img = half_white[:, :61, 40:99].astype(np.float32)
+    blocks = [img[:, y : y + 8, x : x + 8] for y in range(0, 56, 8) for x in range(0, 56, 8)]
+    kept = [b for b in blocks if not ((b >= 254.5 / 255) | (b <= 0.5 / 255)).any()]
+    var = np.array([[np.var(b[c].astype(np.float64), ddof=1) for c in range(3)] for b in kept])
+    direct = 255 * np.sqrt(np.mean(np.percentile(var, 25, axis=0)))
+    assert len(kept) >= 16 and block_noise_sigma(img) == pytest.approx(direct, rel=1e-9)
 
 
 def test_noise_bound_stops_when_N_passes_the_noise_level():

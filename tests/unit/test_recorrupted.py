@@ -153,7 +153,6 @@ def _noisy(rng, c=3, size=64):
 
 @pytest.mark.parametrize("objective", ["recorrupted", "auto"])
 def test_recorrupted_adaptation_changes_only_f_theta_s_and_records_itself(rng, objective, monkeypatch):
-    from indeed_cli.tasks.adaptation import runner
 
     # an untrained model's pixel-shuffled read-out is no denoiser: let it return the clean image, so
     # that the noise estimate is the noise itself
@@ -183,7 +182,6 @@ def test_recorrupted_adaptation_changes_only_f_theta_s_and_records_itself(rng, o
 
 def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypatch):
     """White noise: the gate refuses; the ELBO's result stays, with the gate's correlation."""
-    from indeed_cli.tasks.adaptation import runner
 
     _gate_readout(monkeypatch, lambda ys: [np.full_like(y, 0.5) for y in ys])
     white = [np.clip(0.5 + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)]
@@ -194,7 +192,6 @@ def test_refused_recorruption_leaves_the_elbo_result_and_says_why(rng, monkeypat
 
 
 def test_recorrupted_adaptation_of_a_gray_model(rng, monkeypatch):
-    from indeed_cli.tasks.adaptation import runner
 
     _gate_readout(monkeypatch, lambda ys: [_clean(1) for _ in ys])
     ck = _ckpt(1)
@@ -244,7 +241,7 @@ def test_pixel_chunks_keep_the_order_and_the_bound():
 def test_ag_recorrupted_adapts_once_for_the_images_its_gate_admits(rng, monkeypatch):
     """InDeedAG with objective "recorrupted": one adaptation; adapted_images marks the images whose
     pixel-shuffled residual is correlated (the white-noise image is left out)."""
-    from indeed_cli.tasks.adaptation import adapt, runner
+    from indeed_cli.tasks.adaptation import adapt
 
     _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
     white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)
@@ -341,7 +338,7 @@ def test_ag_auto_keeps_a_recorrupted_fallback_for_images_the_elbo_output_leaves(
     """InDeedAG with objective "auto": the ELBO's adaptation, and the recorrupted one on the same images
     as its fallback; per image (ag_image_result) the ELBO's output where the choice keeps it, else the
     fallback's where its gate admitted the image, else the plain model's."""
-    from indeed_cli.tasks.adaptation import adapt, ag_image_result, runner
+    from indeed_cli.tasks.adaptation import adapt, ag_image_result
 
     _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
     white = np.clip(_clean() + rng.normal(0, 0.05, (3, 64, 64)), 0, 1).astype(np.float32)

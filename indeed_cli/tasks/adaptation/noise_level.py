@@ -17,33 +17,35 @@ camera noise after demosaicking and processing), which a high-frequency band mis
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 BLOCK = 8
 QUANTILE = 25.0  # percent
 MIN_BLOCKS = 16  # fewer unclipped blocks than this: the clipped ones are used as well
 
 
-def block_noise_sigma(image: np.ndarray, block: int = BLOCK, quantile: float = QUANTILE) -> float:
+def block_noise_sigma(image: np.ndarray, block: int = BLOCK, quantile: float = QUANTILE, device=None) -> float:
     """Eq. (noise level), sigma_hat(Y) in docs/model.md.
 
     Noise standard deviation of a (C, h, w) image in [0, 1], in 8-bit units: the square root of
     the ``quantile``-th percentile of the unbiased variances of its ``block`` x ``block`` blocks,
-    per channel, averaged over the channels.  0 for an image smaller than one block."""
-    x = np.asarray(image, dtype=np.float32)
+    per channel, averaged over the channels.  0 for an image smaller than one block.  Computed on
+    ``device`` (default the CPU; float64 variances, numpy's linear percentile)."""
+    x = torch.as_tensor(np.asarray(image, dtype=np.float32)).to(device or "cpu")
     C, h, w = x.shape
     h, w = h // block * block, w // block * block
     if h == 0 or w == 0:
         return 0.0
-    t = x[:, :h, :w].reshape(C, h // block, block, w // block, block).transpose(1, 3, 0, 2, 4)
+    t = x[:, :h, :w].reshape(C, h // block, block, w // block, block).permute(1, 3, 0, 2, 4)
     t = t.reshape(-1, C, block * block)  # (blocks, C, pixels)
-    clipped = ((t >= 254.5 / 255) | (t <= 0.5 / 255)).any(axis=(1, 2))
-    if (~clipped).sum() >= MIN_BLOCKS:
+    clipped = ((t >= 254.5 / 255) | (t <= 0.5 / 255)).flatten(1).any(1)
+    if int((~clipped).sum()) >= MIN_BLOCKS:
         t = t[~clipped]
-    var = t.var(axis=-1, ddof=1, dtype=np.float64)  # (blocks, C)
-    return float(255 * np.sqrt(np.mean(np.percentile(var, quantile, axis=0))))
+    var = t.double().var(dim=-1, correction=1)  # (blocks, C)
+    return float(255 * torch.quantile(var, quantile / 100, dim=0).mean().sqrt())
 
 
-def pooled_noise_sigma(images: list[np.ndarray]) -> float:
+def pooled_noise_sigma(images: list[np.ndarray], device=None) -> float:
     """The noise level of several images adapted together (InDeedAG): the root mean square of
     their estimates, as the RMS of N over evaluation tiles drawn from all of them pools them."""
-    return float(np.sqrt(np.mean([block_noise_sigma(im) ** 2 for im in images]))) if images else 0.0
+    return float(np.sqrt(np.mean([block_noise_sigma(im, device=device) ** 2 for im in images]))) if images else 0.0

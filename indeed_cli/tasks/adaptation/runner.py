@@ -147,7 +147,7 @@ def adapt_each(
             cfg.train_stride and cfg.train_stride < tile
         ):  # overlapping training tiles (off: docs/reports/2026-11-26-adaptation.md)
             pool = tiles_of(images, tile, cfg.max_tiles, gen, cfg.train_stride).to(device)
-        sigma = pooled_noise_sigma(images) if cfg.noise_bound else None  # the discrepancy bound's noise level
+        sigma = pooled_noise_sigma(images, device) if cfg.noise_bound else None  # the discrepancy bound's noise level
         jobs.append({"pool": pool, "eval": eval_set, "gen": gen, "batch": min(cfg.batch, len(pool)), "sigma": sigma})
     for i, job, (best, history, best_step, stop) in zip(todo, jobs, _run_jobs(model, names, frozen, jobs, cfg, log)):
         info = {"best_step": best_step, "stop": stop, "noise_sigma": job["sigma"], "loss_curve": history}
