@@ -693,14 +693,19 @@ def denoise_batch(
 
 
 def shuffled_residuals(
-    ckpt: Checkpoint, images: list[np.ndarray], stride: int, opts: InferenceOptions | None = None
-) -> list[tuple[np.ndarray, float]]:
+    ckpt: Checkpoint,
+    images: list[np.ndarray],
+    stride: int,
+    opts: InferenceOptions | None = None,
+    keep_on_device: bool = False,
+) -> list[tuple[np.ndarray | torch.Tensor, float]]:
     """Per (C, h, w) image Y: the residual R = Y - X_ps of its pixel-shuffled read-out (X_ps what
     ``denoise_batch(ckpt, images, opts, pixel_shuffle=stride)`` gives, clipped) and R's lag-1
     correlation (:func:`removed_noise_correlation`).  The read-outs are made as denoise_batch makes
     them; the guard, the residual and the correlation of the images of one size are computed on the
     model's device, once for all of them (on the host they cost a 512 x 512 image 25 ms on a 2-core
-    CPU, more than its share of a GPU's read-outs): the recorrupted adaptation's gate and noise estimate."""
+    CPU, more than its share of a GPU's read-outs): the recorrupted adaptation's gate and noise estimate.
+    ``keep_on_device``: each R a float32 tensor on the model's device instead of an array."""
     opts = opts or InferenceOptions()
     data = [as_image(im)[0] for im in images]
     for d in data:
@@ -717,7 +722,7 @@ def shuffled_residuals(
         X = pixel_shuffle_guards(P, S).clamp_(0.0, 1.0)
         R = Y - X
         corr = removed_noise_correlations(Y, X).tolist()
-        for i, r, c in zip(members, R.cpu().numpy(), corr):
+        for i, r, c in zip(members, R if keep_on_device else R.cpu().numpy(), corr):
             out[i] = (r, c)
     return out
 

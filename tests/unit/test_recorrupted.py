@@ -137,8 +137,9 @@ def _gate_readout(monkeypatch, readout):
     from indeed_cli.inference.decomposition import removed_noise_correlation
     from indeed_cli.tasks.adaptation import runner
 
-    def residuals(ck, ys, stride, *a):
-        return [(y - x, removed_noise_correlation(y, x)) for y, x in zip(ys, readout(ys))]
+    def residuals(ck, ys, stride, *a, keep_on_device=False):
+        wrap = torch.from_numpy if keep_on_device else np.asarray
+        return [(wrap(y - x), removed_noise_correlation(y, x)) for y, x in zip(ys, readout(ys))]
 
     monkeypatch.setattr(runner, "shuffled_residuals", residuals)
 

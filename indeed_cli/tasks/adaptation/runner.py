@@ -84,8 +84,9 @@ def tiles_and_owners(
     tensors: dict[int, torch.Tensor] = {}
     out = []
     for i, y, x in spots:
-        if i not in tensors:
-            tensors[i] = torch.from_numpy(np.ascontiguousarray(images[i], dtype=np.float32))
+        if i not in tensors:  # a tensor stays where it is (tiles cut on its device)
+            im = images[i]
+            tensors[i] = im if torch.is_tensor(im) else torch.from_numpy(np.ascontiguousarray(im, dtype=np.float32))
         out.append(grids[i].cut(tensors[i], y, x))
     return torch.stack(out), torch.tensor([i for i, _, _ in spots])
 
@@ -196,10 +197,11 @@ def _run_jobs(model, names: list[str], frozen: dict, jobs: list[dict], cfg: Adap
     return outcomes
 
 
-def recorruption_gates(ckpt: Checkpoint, images: list[np.ndarray]) -> list[tuple[bool, float, np.ndarray]]:
+def recorruption_gates(ckpt: Checkpoint, images: list[np.ndarray]) -> list[tuple[bool, float, torch.Tensor]]:
     """Per image: whether the recorrupted objective may run on it (Eq. recorruption gate), the
     lag-1 correlation it was decided by, and the noise estimate the objective would use: the
-    residual R = Y - X_ps2 of the pixel-shuffled read-out (stride 2).
+    residual R = Y - X_ps2 of the pixel-shuffled read-out (stride 2), a tensor on the model's device
+    (the level maps, noise filters and tiles made from it are computed there too).
 
     It runs where R is correlated between neighbouring pixels (lag-1 correlation at least
     R2R_MIN_CORRELATION): demosaicked camera noise.  Where the noise is white the plain read-out
@@ -211,7 +213,7 @@ def recorruption_gates(ckpt: Checkpoint, images: list[np.ndarray]) -> list[tuple
     they were no faster on an H200)."""
     gated = []
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
-        for residual, c in shuffled_residuals(ckpt, chunk, R2R_SHUFFLE):
+        for residual, c in shuffled_residuals(ckpt, chunk, R2R_SHUFFLE, keep_on_device=True):
             gated.append((c >= R2R_MIN_CORRELATION, c, residual))
     return gated
 
@@ -244,12 +246,12 @@ def recorrupted_settings(cfg: AdaptConfig) -> AdaptConfig:
     )  # fmt: skip
 
 
-def recorruption_levels(images: list[np.ndarray], gated: list, device) -> list[np.ndarray | None]:
+def recorruption_levels(images: list[np.ndarray], gated: list, device) -> list[torch.Tensor | None]:
     """Per image, Eq. (signal-dependent noise)'s level map (:func:`recorrupted.noise_gain` of the
-    gate's read-out X_ps2 = Y - R and residual R), None where the gate refused the image; the images
-    of one size in one call on ``device`` and one copy back, in runs of at most GATE_PIXELS pixels
+    gate's read-out X_ps2 = Y - R and residual R), a tensor on ``device``, None where the gate refused
+    the image; the images of one size in one call, in runs of at most GATE_PIXELS pixels
     (:func:`_pixel_chunks`, as the gate's read-outs are made)."""
-    levels: list[np.ndarray | None] = [None] * len(images)
+    levels: list[torch.Tensor | None] = [None] * len(images)
     shapes: dict[tuple, list[int]] = {}
     for i, (im, (ok, _, _)) in enumerate(zip(images, gated)):
         if ok:
@@ -258,8 +260,9 @@ def recorruption_levels(images: list[np.ndarray], gated: list, device) -> list[n
         order = iter(same)
         for chunk in _pixel_chunks([images[i] for i in same], GATE_PIXELS):  # the gate's bound on pixels held
             idx = [next(order) for _ in chunk]
-            R = np.stack([gated[i][2] for i in idx])
-            for i, g in zip(idx, noise_gain(np.stack([images[i] for i in idx]) - R, R, device=device).cpu().numpy()):
+            R = torch.stack([torch.as_tensor(gated[i][2]).to(device) for i in idx])
+            Y = torch.from_numpy(np.stack([images[i] for i in idx])).to(device)
+            for i, g in zip(idx, noise_gain(Y - R, R, device=device)):
                 levels[i] = g
     return levels
 
@@ -285,7 +288,11 @@ def _recorrupted_job(
         C = chosen[0][0].shape[0]
         if levels is None:
             levels = recorruption_levels(images, gated, device)
-        stacked = [np.concatenate([im, g]) for im, (ok, _, _), g in zip(images, gated, levels) if ok]
+        stacked = [  # image and level map on the device, cut there
+            torch.cat([torch.from_numpy(np.ascontiguousarray(im, dtype=np.float32)).to(device), g.to(device)])
+            for im, (ok, _, _), g in zip(images, gated, levels)
+            if ok
+        ]
         both, owner = tiles_and_owners(stacked, tile, cfg.max_tiles, gen)
         pool, gains = both[:, :C].contiguous(), both[:, C:].contiguous().to(device)
     else:
