@@ -37,6 +37,7 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
     adapted = read_metadata(tmp_path / "ad.safetensors")["training"]["adapted"]
     assert adapted["modules"] == "S" and adapted["lr"] == 1e-5  # the AG default; OAG's is 3e-5
     assert adapted["keep"] == "latest"  # AG keeps the latest weights no worse than the start
+    assert adapted["recorrupted_tile"] == 0  # AG: the elbo's tiles on every device (OAG: 64 on a CPU)
     for line in out.splitlines():  # loss_kept: the objective of the weights kept, never above the start
         rec = json.loads(line)
         assert rec["loss_best"] <= rec["loss_kept"] <= rec["loss_start"]
@@ -74,6 +75,8 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
     assert run_cli("adapt", d, "--mode", "xx", "-o", tmp_path / "o3")[0] == 2
     code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o4", "--noise-bound", "-1")
     assert code == 2 and "noise-bound" in err and not (tmp_path / "o4").exists()
+    code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o5", "--recorrupted-tile", "-1")
+    assert code == 2 and "recorrupted-tile" in err and not (tmp_path / "o5").exists()
 
 
 def test_adapt_denoised_only_writes_just_the_image(run_cli, tmp_path, rng, ckpt_paths):

@@ -385,6 +385,22 @@ def test_recorrupted_tile_and_batch_settings_reach_its_job(rng, monkeypatch):
     # unset: the ELBO's tile and AdaptConfig.batch (8, capped by the image's 4 tiles of 32); set: its
     # own tiles, noise filters and batch
     assert seen == [(32, 32, 4, 32), (16, 16, 3, 16)]
+    from dataclasses import replace
+
+    from indeed_cli.tasks.adaptation import adapt, config
+
+    monkeypatch.setattr(runner, "R2R_TILE", None)
+    monkeypatch.setattr(runner, "R2R_BATCH", None)
+    monkeypatch.setattr(config, "CPU_OAG_RECORRUPTED_TILE", 16)
+    seen.clear()
+    adapt_each(_ckpt(), [_noisy(rng)], cfg, tile=32)  # OAG on a CPU: CPU_OAG_RECORRUPTED_TILE
+    adapt(_ckpt(), _noisy(rng), cfg, tile=32)  # AG: the ELBO's tile
+    adapt_each(_ckpt(), [_noisy(rng)], replace(cfg, recorrupted_tile=8), tile=32)  # as asked
+    assert [t for t, *_ in seen] == [16, 32, 8] and [p for _, p, *_ in seen] == [16, 32, 8]
+    assert config.recorrupted_tile_for(AdaptConfig(), "cuda", 128) == 128  # elsewhere: the ELBO's
+    assert config.recorrupted_tile_for(AdaptConfig(), "cpu", 48) == 16
+    with pytest.raises(ValueError, match="recorrupted_tile"):
+        AdaptConfig(recorrupted_tile=-1).check()
 
 
 @pytest.mark.parametrize("sparse_input", ["residual", "residual+lowrank"])

@@ -78,13 +78,21 @@ R2R_STEPS = 20
 R2R_LR = OAG_LR  # the learning rate it was chosen with, per image; AG with it uses the same
 R2R_EVAL_EVERY = 5
 R2R_EVAL_DRAWS = 2
-# The recorrupted adaptation's tile side and tiles per step; None: the ELBO's tile (128) and
-# AdaptConfig.batch.  Tiles of 64 did as well within about 0.1 dB on development crops and took the same
-# time on an H200, where its steps are not bound by the convolutions; on a 2-core AVX2 CPU OAG took 22.5
-# instead of 57.7 s per 384 x 384 crop (docs/reports/2026-12-02-recorrupted-tiles.md).  Not a default:
-# benchmarks/adapt.py sets runner's copies (runner.R2R_TILE, runner.R2R_BATCH) per method (%TILExBATCH).
+# The recorrupted adaptation's tile side and tiles per step, for every mode and device where set; None:
+# AdaptConfig.recorrupted_tile and AdaptConfig.batch.  benchmarks/adapt.py sets runner's copies
+# (runner.R2R_TILE, runner.R2R_BATCH) per method (%TILExBATCH).
 R2R_TILE: int | None = None
 R2R_BATCH: int | None = None
+# InDeedOAG's recorrupted adaptation on a CPU runs on tiles of this side (AdaptConfig.recorrupted_tile
+# None), elsewhere on the ELBO's (128).  On an H200 tiles of 64 took the same time as 128 (its steps are
+# bound by launches, not convolutions) and cost up to 0.1 dB on development crops; held out (fp32)
+# -0.09 / -0.02 dB on Urban100/Set14 light / heavy noise, +0.01 / +0.26 on wallpaper; on a CPU the
+# convolutions are the work: 22.5 instead of 57.7 s per 384 x 384 crop on a 2-core AVX2 EPYC
+# (docs/reports/2026-12-02-recorrupted-tiles.md), 10.7 instead of 26.3-28.6 s on a 2-core AVX-512 EPYC in
+# fp32 (3 development crops: heavy -0.01, light -0.08 dB; docs/reports/2026-12-03-cpu-recorrupted-tiles.md).
+# AG keeps the ELBO's tile (0): one adaptation for all its images, 1.5x faster with 64 on the CPU but
+# -0.13 dB under light noise on 6 development crops.
+CPU_OAG_RECORRUPTED_TILE = 64
 # The recorrupted objective runs only where the residual of the pixel-shuffled read-out is correlated
 # between neighbouring pixels at least this much (runner.recorruption_gate).  Development crops
 # (256 x 256 training crops, `color`): synthetic camera noise 0.33-0.60 (light to heavy), white
@@ -132,6 +140,7 @@ AG_DEFAULTS = {
     "image_noise_bound": AG_IMAGE_NOISE_BOUND,
     "objective": AG_OBJECTIVE,
     "recorruption_noise": AG_RECORRUPTION_NOISE,
+    "recorrupted_tile": 0,
 }
 # InDeedAG with objective "recorrupted": AG's settings, with the learning rate that objective was chosen
 # with (R2R_LR; AG_LR's smaller steps were measured for the ELBO)
@@ -192,6 +201,9 @@ class AdaptConfig:
     precision: str = "fp32"
     sample: bool = True  # reparameterised A, B, S in the steps (the paper's Monte-Carlo ELBO)
     group: int | None = None  # adaptations run at once (adapt_each); None: 32 on a GPU, 1 on a CPU
+    # the recorrupted adaptation's tile side (recorrupted_tile_for); 0: the ELBO's tile (AG's default);
+    # None: CPU_OAG_RECORRUPTED_TILE on a CPU (at most the ELBO's tile), the ELBO's tile elsewhere
+    recorrupted_tile: int | None = None
     seed: int = 0
 
     def check(self) -> None:
@@ -219,6 +231,8 @@ class AdaptConfig:
             raise ValueError(f"max_change must be 0 (no trust region) or more, got {self.max_change}")
         if self.group is not None and self.group < 1:
             raise ValueError(f"group must be at least 1, got {self.group}")
+        if self.recorrupted_tile is not None and self.recorrupted_tile < 0:
+            raise ValueError(f"recorrupted_tile must be 0 (the ELBO's tile) or more, got {self.recorrupted_tile}")
 
 
 @dataclass
@@ -250,6 +264,16 @@ def with_defaults(cfg: AdaptConfig, defaults: dict) -> AdaptConfig:
 def default_precision(device: torch.device, cpu_flags: str | None = None) -> str:
     """What ``precision="auto"`` adapts in on ``device``: bf16 where it is native, fp32 elsewhere."""
     return "bf16" if native_bf16(device, cpu_flags) else "fp32"
+
+
+def recorrupted_tile_for(cfg: AdaptConfig, device: torch.device, tile: int) -> int:
+    """The recorrupted adaptation's tile side: ``cfg.recorrupted_tile`` where set (0: ``tile``, the
+    ELBO's); unset, CPU_OAG_RECORRUPTED_TILE (at most ``tile``) on a CPU, ``tile`` elsewhere."""
+    if cfg.recorrupted_tile:
+        return cfg.recorrupted_tile
+    if cfg.recorrupted_tile is None and torch.device(device).type == "cpu":
+        return min(tile, CPU_OAG_RECORRUPTED_TILE)
+    return tile
 
 
 def default_group(device: torch.device) -> int:

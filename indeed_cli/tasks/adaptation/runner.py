@@ -44,6 +44,7 @@ from .config import (
     AdaptResult,
     default_group,
     default_precision,
+    recorrupted_tile_for,
     with_defaults,
 )
 from .noise_level import pooled_noise_sigma
@@ -335,12 +336,12 @@ def adapt_recorrupted(
     which, with the gate's correlation per image; ``adapted_images`` which images the gate admitted.
     ``before``: why the ELBO adaptation kept the start, per entry (recorded)."""
     r2r = recorrupted_settings(cfg)
-    tile = R2R_TILE or tile
+    device = next(ckpt.model.parameters()).device
+    tile = R2R_TILE or recorrupted_tile_for(cfg, device, tile)
     if R2R_BATCH:
         r2r = replace(r2r, batch=R2R_BATCH)
     flat = [im for images in image_sets for im in images]
     gated = recorruption_gates(ckpt, flat)  # every image's read-outs together
-    device = next(ckpt.model.parameters()).device
     levels = iter(
         recorruption_levels(flat, gated, device) if r2r.recorruption_noise == "signal" else [None] * len(flat)
     )
