@@ -89,7 +89,8 @@ R2R_BATCH: int | None = None
 # -0.09 / -0.02 dB on Urban100/Set14 light / heavy noise, +0.01 / +0.26 on wallpaper; on a CPU the
 # convolutions are the work: 22.5 instead of 57.7 s per 384 x 384 crop on a 2-core AVX2 EPYC
 # (docs/reports/2026-12-02-recorrupted-tiles.md), 10.7 instead of 26.3-28.6 s on a 2-core AVX-512 EPYC in
-# fp32 (3 development crops: heavy -0.01, light -0.08 dB; docs/reports/2026-12-03-cpu-recorrupted-tiles.md).
+# fp32 (3 development crops: heavy -0.01, light -0.08 dB; 3 wallpaper ones in bf16 -0.17 / -0.18;
+# docs/reports/2026-12-03-cpu-recorrupted-tiles.md).
 # AG keeps the ELBO's tile (0): one adaptation for all its images, 1.5x faster with 64 on the CPU but
 # -0.13 dB under light noise on 6 development crops.
 CPU_OAG_RECORRUPTED_TILE = 64
