@@ -230,6 +230,25 @@ def test_gate_admits_correlated_noise_and_refuses_white_noise(rng, monkeypatch):
     assert calls == [2, 1] and [g[:2] for g in again] == [(ok, correlation), refused[:2], (ok, correlation)]
 
 
+def test_recorrupted_adaptation_is_the_same_with_its_maps_on_the_host(rng, monkeypatch):
+    """Images above GATE_PIXELS (AG on a large folder) keep the gate's residuals and level maps on the host:
+    the adaptation is the one made with them on the device."""
+    from indeed_cli.tasks.adaptation import runner
+
+    _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
+    images = [_noisy(rng), _noisy(rng)]
+    cfg = AdaptConfig(objective="recorrupted", steps=3, lr=1e-3)
+    assert runner.fits_on_device([im for ims in images for im in ims])
+    on_device = adapt_each(_ckpt(), images, cfg, tile=32)
+    monkeypatch.setattr(runner, "GATE_PIXELS", 64 * 64)  # one image at a time, nothing kept on the device
+    assert not runner.fits_on_device([im for ims in images for im in ims])
+    on_host = adapt_each(_ckpt(), images, cfg, tile=32)
+    for a, b in zip(on_device, on_host):
+        assert a.best_step == b.best_step > 0 and a.history == b.history
+        for (n, p), (_, q) in zip(a.checkpoint.model.named_parameters(), b.checkpoint.model.named_parameters()):
+            assert torch.equal(p, q), n
+
+
 def test_pixel_chunks_keep_the_order_and_the_bound():
     from indeed_cli.tasks.adaptation.runner import _pixel_chunks
 

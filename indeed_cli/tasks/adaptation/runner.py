@@ -198,11 +198,14 @@ def _run_jobs(model, names: list[str], frozen: dict, jobs: list[dict], cfg: Adap
     return outcomes
 
 
-def recorruption_gates(ckpt: Checkpoint, images: list[np.ndarray]) -> list[tuple[bool, float, torch.Tensor]]:
+def recorruption_gates(
+    ckpt: Checkpoint, images: list[np.ndarray], keep_on_device: bool = True
+) -> list[tuple[bool, float, torch.Tensor | np.ndarray]]:
     """Per image: whether the recorrupted objective may run on it (Eq. recorruption gate), the
     lag-1 correlation it was decided by, and the noise estimate the objective would use: the
-    residual R = Y - X_ps2 of the pixel-shuffled read-out (stride 2), a tensor on the model's device
-    (the level maps, noise filters and tiles made from it are computed there too).
+    residual R = Y - X_ps2 of the pixel-shuffled read-out (stride 2): with ``keep_on_device`` a tensor on
+    the model's device (the level maps, noise filters and tiles made from it are computed there too),
+    else an array (:func:`fits_on_device`).
 
     It runs where R is correlated between neighbouring pixels (lag-1 correlation at least
     R2R_MIN_CORRELATION): demosaicked camera noise.  Where the noise is white the plain read-out
@@ -214,12 +217,19 @@ def recorruption_gates(ckpt: Checkpoint, images: list[np.ndarray]) -> list[tuple
     they were no faster on an H200)."""
     gated = []
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
-        for residual, c in shuffled_residuals(ckpt, chunk, R2R_SHUFFLE, keep_on_device=True):
+        for residual, c in shuffled_residuals(ckpt, chunk, R2R_SHUFFLE, keep_on_device=keep_on_device):
             gated.append((c >= R2R_MIN_CORRELATION, c, residual))
     return gated
 
 
 GATE_PIXELS = 2**25  # pixels of the images whose gate read-outs are made together (32 of 1024x1024)
+
+
+def fits_on_device(images: list[np.ndarray]) -> bool:
+    """Whether the recorrupted adaptation keeps the gate's residuals, the level maps and the images they are
+    cut with on the model's device: when all of ``images`` hold at most GATE_PIXELS pixels (OAG's groups;
+    AG on a large folder keeps them on the host, as its residuals alone could exceed a GPU's memory)."""
+    return sum(im.shape[-2] * im.shape[-1] for im in images) <= GATE_PIXELS
 
 
 def _pixel_chunks(images: list[np.ndarray], pixels: int) -> list[list[np.ndarray]]:
@@ -247,10 +257,13 @@ def recorrupted_settings(cfg: AdaptConfig) -> AdaptConfig:
     )  # fmt: skip
 
 
-def recorruption_levels(images: list[np.ndarray], gated: list, device) -> list[torch.Tensor | None]:
+def recorruption_levels(
+    images: list[np.ndarray], gated: list, device, keep_on_device: bool = True
+) -> list[torch.Tensor | None]:
     """Per image, Eq. (signal-dependent noise)'s level map (:func:`recorrupted.noise_gain` of the
-    gate's read-out X_ps2 = Y - R and residual R), a tensor on ``device``, None where the gate refused
-    the image; the images of one size in one call, in runs of at most GATE_PIXELS pixels
+    gate's read-out X_ps2 = Y - R and residual R), a tensor computed on ``device`` and left there with
+    ``keep_on_device`` (else on the CPU), None where the gate refused the image; the images of one size
+    in one call, in runs of at most GATE_PIXELS pixels
     (:func:`_pixel_chunks`, as the gate's read-outs are made)."""
     levels: list[torch.Tensor | None] = [None] * len(images)
     shapes: dict[tuple, list[int]] = {}
@@ -263,7 +276,8 @@ def recorruption_levels(images: list[np.ndarray], gated: list, device) -> list[t
             idx = [next(order) for _ in chunk]
             R = torch.stack([torch.as_tensor(gated[i][2]).to(device) for i in idx])
             Y = torch.from_numpy(np.stack([images[i] for i in idx])).to(device)
-            for i, g in zip(idx, noise_gain(Y - R, R, device=device)):
+            gains = noise_gain(Y - R, R, device=device)
+            for i, g in zip(idx, gains if keep_on_device else gains.cpu()):
                 levels[i] = g
     return levels
 
@@ -289,8 +303,8 @@ def _recorrupted_job(
         C = chosen[0][0].shape[0]
         if levels is None:
             levels = recorruption_levels(images, gated, device)
-        stacked = [  # image and level map on the device, cut there
-            torch.cat([torch.from_numpy(np.ascontiguousarray(im, dtype=np.float32)).to(device), g.to(device)])
+        stacked = [  # image and level map where the map is (recorruption_levels), cut there
+            torch.cat([torch.from_numpy(np.ascontiguousarray(im, dtype=np.float32)).to(g.device), g])
             for im, (ok, _, _), g in zip(images, gated, levels)
             if ok
         ]
@@ -341,9 +355,12 @@ def adapt_recorrupted(
     if R2R_BATCH:
         r2r = replace(r2r, batch=R2R_BATCH)
     flat = [im for images in image_sets for im in images]
-    gated = recorruption_gates(ckpt, flat)  # every image's read-outs together
+    on_device = fits_on_device(flat)
+    gated = recorruption_gates(ckpt, flat, on_device)  # every image's read-outs together
     levels = iter(
-        recorruption_levels(flat, gated, device) if r2r.recorruption_noise == "signal" else [None] * len(flat)
+        recorruption_levels(flat, gated, device, on_device)
+        if r2r.recorruption_noise == "signal"
+        else [None] * len(flat)
     )
     gates = iter(gated)
     prepared = [
