@@ -401,6 +401,7 @@ def test_block_noise_sigma_reads_the_noise_of_the_flat_blocks():
     var = np.array([[np.var(b[c].astype(np.float64), ddof=1) for c in range(3)] for b in kept])
     direct = 255 * np.sqrt(np.mean(np.percentile(var, 25, axis=0)))
     assert len(kept) >= 16 and block_noise_sigma(img) == pytest.approx(direct, rel=1e-9)
+    assert block_noise_sigma(img[:, ::-1, ::-1]) == pytest.approx(block_noise_sigma(img[:, ::-1, ::-1].copy()))
 
 
 def test_noise_bound_stops_when_N_passes_the_noise_level():

@@ -31,7 +31,7 @@ def block_noise_sigma(image: np.ndarray, block: int = BLOCK, quantile: float = Q
     the ``quantile``-th percentile of the unbiased variances of its ``block`` x ``block`` blocks,
     per channel, averaged over the channels.  0 for an image smaller than one block.  Computed on
     ``device`` (default the CPU; float64 variances, numpy's linear percentile)."""
-    x = torch.as_tensor(np.asarray(image, dtype=np.float32)).to(device or "cpu")
+    x = torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32)).to(device or "cpu")
     C, h, w = x.shape
     h, w = h // block * block, w // block * block
     if h == 0 or w == 0:
