@@ -58,8 +58,8 @@ from indeed_cli.tasks.adaptation.config import AG_DEFAULTS, with_defaults  # noq
 from indeed_cli.tasks.camera_noise import camera_pair, parse_noise  # noqa: E402
 from indeed_cli.tasks.ood import image_ood_score  # noqa: E402
 
-# the recorrupted adaptation's tile and batch (overridden per method by %TILExBATCH)
-R2R_TILE_DEFAULT, R2R_BATCH_DEFAULT = runner.R2R_TILE, runner.R2R_BATCH
+# the recorrupted adaptation's tiles per step (overridden per method by %TILExBATCH)
+R2R_BATCH_DEFAULT = runner.R2R_BATCH
 
 
 def estimate_sigma255(y: np.ndarray) -> float:
@@ -489,12 +489,12 @@ def main() -> None:
                 t = time.perf_counter()
                 core, _, noise = m.partition("~")  # ~stationary / ~signal: AdaptConfig.recorruption_noise
                 core, _, r2r_shape = core.partition("%")  # %TILExBATCH: the recorrupted adaptation's tiles
-                runner.R2R_TILE, runner.R2R_BATCH = (
-                    map(int, r2r_shape.split("x")) if r2r_shape else (R2R_TILE_DEFAULT, R2R_BATCH_DEFAULT)
+                r2r_tile, runner.R2R_BATCH = (
+                    map(int, r2r_shape.split("x")) if r2r_shape else (acfg.recorrupted_tile, R2R_BATCH_DEFAULT)
                 )
                 base, _, ps = core.partition("+ps")  # +psN / +psauto: indeed denoise --pixel-shuffle N|auto
                 ps = ps or 1
-                mcfg = replace(acfg, recorruption_noise=noise) if noise else acfg
+                mcfg = replace(acfg, recorruption_noise=noise or acfg.recorruption_noise, recorrupted_tile=r2r_tile)
                 if m in ("ffdnet", "cbm3d"):
                     got = run_peer(m, data, dev)
                 elif "@" in base:  # inference or adaptation from other weights, beside the shipped ones

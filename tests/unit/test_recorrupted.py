@@ -384,6 +384,8 @@ def test_ag_auto_keeps_a_recorrupted_fallback_for_images_the_elbo_output_leaves(
 
 
 def test_recorrupted_tile_and_batch_settings_reach_its_job(rng, monkeypatch):
+    from dataclasses import replace
+
     from indeed_cli.tasks.adaptation import runner
 
     _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
@@ -398,17 +400,13 @@ def test_recorrupted_tile_and_batch_settings_reach_its_job(rng, monkeypatch):
     monkeypatch.setattr(runner, "_recorrupted_job", spy)
     cfg = AdaptConfig(objective="recorrupted", steps=2, lr=1e-3)
     adapt_each(_ckpt(), [_noisy(rng)], cfg, tile=32)
-    monkeypatch.setattr(runner, "R2R_TILE", 16)
     monkeypatch.setattr(runner, "R2R_BATCH", 3)
-    adapt_each(_ckpt(), [_noisy(rng)], cfg, tile=32)
+    adapt_each(_ckpt(), [_noisy(rng)], replace(cfg, recorrupted_tile=16), tile=32)
     # unset: the ELBO's tile and AdaptConfig.batch (8, capped by the image's 4 tiles of 32); set: its
     # own tiles, noise filters and batch
     assert seen == [(32, 32, 4, 32), (16, 16, 3, 16)]
-    from dataclasses import replace
-
     from indeed_cli.tasks.adaptation import adapt, config
 
-    monkeypatch.setattr(runner, "R2R_TILE", None)
     monkeypatch.setattr(runner, "R2R_BATCH", None)
     monkeypatch.setattr(config, "CPU_OAG_RECORRUPTED_TILE", 16)
     seen.clear()

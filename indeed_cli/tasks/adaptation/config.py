@@ -78,10 +78,9 @@ R2R_STEPS = 20
 R2R_LR = OAG_LR  # the learning rate it was chosen with, per image; AG with it uses the same
 R2R_EVAL_EVERY = 5
 R2R_EVAL_DRAWS = 2
-# The recorrupted adaptation's tile side and tiles per step, for every mode and device where set; None:
-# AdaptConfig.recorrupted_tile and AdaptConfig.batch.  benchmarks/adapt.py sets runner's copies
-# (runner.R2R_TILE, runner.R2R_BATCH) per method (%TILExBATCH).
-R2R_TILE: int | None = None
+# The recorrupted adaptation's tiles per step, for every mode and device where set; None: AdaptConfig.batch.
+# benchmarks/adapt.py sets runner's copy (runner.R2R_BATCH) per method (%TILExBATCH; the tile side is
+# AdaptConfig.recorrupted_tile).
 R2R_BATCH: int | None = None
 # InDeedOAG's recorrupted adaptation on a CPU runs on tiles of this side (AdaptConfig.recorrupted_tile
 # None), elsewhere on the ELBO's (128).  On an H200 tiles of 64 took the same time as 128 (its steps are

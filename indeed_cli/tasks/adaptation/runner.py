@@ -39,7 +39,6 @@ from .config import (
     R2R_MIN_CORRELATION,
     R2R_SHUFFLE,
     R2R_STEPS,
-    R2R_TILE,
     AdaptConfig,
     AdaptResult,
     default_group,
@@ -351,7 +350,7 @@ def adapt_recorrupted(
     ``before``: why the ELBO adaptation kept the start, per entry (recorded)."""
     r2r = recorrupted_settings(cfg)
     device = next(ckpt.model.parameters()).device
-    tile = R2R_TILE or recorrupted_tile_for(cfg, device, tile)
+    tile = recorrupted_tile_for(cfg, device, tile)
     if R2R_BATCH:
         r2r = replace(r2r, batch=R2R_BATCH)
     flat = [im for images in image_sets for im in images]
