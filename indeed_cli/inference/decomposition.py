@@ -478,6 +478,32 @@ def pixel_shuffle_guards(plain: torch.Tensor, shuffled: torch.Tensor) -> torch.T
     return weight * shuffled + (1.0 - weight) * plain
 
 
+GUARD_PIXELS = 2**24  # pixels of the images guarded in one call on the model's device (16 of 1024 x 1024)
+
+
+def guarded_readouts(
+    device: torch.device, plain: list[np.ndarray], shuffled: list[np.ndarray], images: list[np.ndarray] | None = None
+):
+    """:func:`pixel_shuffle_guards` of each pair of (C, h, w) read-outs, computed on ``device`` (the
+    model's: on a GPU the guard of a 512 x 512 image costs a fraction of a millisecond, on a 2-core host
+    25 ms, more than the GPU's read-outs of the image) for the images of one size together, at most
+    GUARD_PIXELS pixels at a time.  Yields (indices, X) per such run, X the guarded read-outs (B, C, h, w),
+    not clipped, on ``device``; with ``images`` (the noisy inputs), (indices, X, Y), Y their stack there."""
+    by_size: dict[tuple, list[int]] = {}
+    for i, p in enumerate(plain):
+        by_size.setdefault(p.shape, []).append(i)
+    for (_, h, w), members in by_size.items():
+        step = max(1, GUARD_PIXELS // (h * w))
+        for c in range(0, len(members), step):
+            part = members[c : c + step]
+            P, S = (torch.from_numpy(np.stack([a[i] for i in part])).to(device) for a in (plain, shuffled))
+            X = pixel_shuffle_guards(P, S)
+            if images is None:
+                yield part, X
+            else:
+                yield part, X, torch.from_numpy(np.stack([images[i] for i in part])).to(device)
+
+
 def pixel_shuffle_fits(height: int, width: int, stride: int | str) -> bool:
     """Whether an image of that size has sub-images of at least 2 x 2 pixels at ``stride`` ("auto"
     and 1 always fit: auto keeps the plain read-out where stride 2 does not)."""
@@ -558,7 +584,9 @@ def pixel_shuffle_denoise(
     if stride == 1:
         return ShuffledReadout(plain, 1, correlation)
     out = shuffled_readouts(ckpt, [data], stride, opts, progress)[0]
-    return ShuffledReadout(pixel_shuffle_guard(plain, out), stride, correlation)
+    device = next(ckpt.model.parameters()).device
+    ((_, X),) = guarded_readouts(device, [plain], [out])
+    return ShuffledReadout(X[0].cpu().numpy(), stride, correlation)
 
 
 def denoise(
@@ -669,12 +697,15 @@ def denoise_batch(
     if stride != 1:
         use = [k for k, d in enumerate(data) if stride != "auto" or _auto_stride(d, plain[k], opts, progress)[0] == 2]
     s = 2 if stride == "auto" else stride
+    device = next(ckpt.model.parameters()).device
 
     def readout(images: list[np.ndarray], plain: list[np.ndarray]) -> list[np.ndarray]:
         out = list(plain)
         if use:
-            for k, shuffled in zip(use, shuffled_readouts(ckpt, [images[k] for k in use], s, opts, progress)):
-                out[k] = pixel_shuffle_guard(plain[k], shuffled)
+            shuffled = shuffled_readouts(ckpt, [images[k] for k in use], s, opts, progress)
+            for part, X in guarded_readouts(device, [plain[k] for k in use], shuffled):
+                for i, x in zip(part, X.cpu().numpy()):
+                    out[use[i]] = x
         return out
 
     out = readout(data, plain)
@@ -702,9 +733,9 @@ def shuffled_residuals(
     """Per (C, h, w) image Y: the residual R = Y - X_ps of its pixel-shuffled read-out (X_ps what
     ``denoise_batch(ckpt, images, opts, pixel_shuffle=stride)`` gives, clipped) and R's lag-1
     correlation (:func:`removed_noise_correlation`).  The read-outs are made as denoise_batch makes
-    them; the guard, the residual and the correlation of the images of one size are computed on the
-    model's device, once for all of them (on the host they cost a 512 x 512 image 25 ms on a 2-core
-    CPU, more than its share of a GPU's read-outs): the recorrupted adaptation's gate and noise estimate.
+    them; the guard (:func:`guarded_readouts`), the residual and the correlation of the images of one
+    size are computed on the model's device, together: the recorrupted adaptation's gate and noise
+    estimate.
     ``keep_on_device``: each R a float32 tensor on the model's device instead of an array."""
     opts = opts or InferenceOptions()
     data = [as_image(im)[0] for im in images]
@@ -714,12 +745,8 @@ def shuffled_residuals(
     shuffled = shuffled_readouts(ckpt, data, stride, opts)
     device = next(ckpt.model.parameters()).device
     out: list = [None] * len(data)
-    by_size: dict[tuple, list[int]] = {}
-    for i, d in enumerate(data):
-        by_size.setdefault(d.shape, []).append(i)
-    for members in by_size.values():
-        Y, P, S = (torch.from_numpy(np.stack([a[i] for i in members])).to(device) for a in (data, plain, shuffled))
-        X = pixel_shuffle_guards(P, S).clamp_(0.0, 1.0)
+    for members, X, Y in guarded_readouts(device, plain, shuffled, data):
+        X = X.clamp_(0.0, 1.0)
         R = Y - X
         corr = removed_noise_correlations(Y, X).tolist()
         for i, r, c in zip(members, R if keep_on_device else R.cpu().numpy(), corr):

@@ -296,6 +296,26 @@ def test_shuffled_residuals_are_those_of_denoise_batch(model_c, image_c):
         shuffled_residuals(ck, [images[0][:, :1, :5]], 2, opts)
 
 
+def test_guarded_readouts_group_by_size_in_runs_of_bounded_pixels(monkeypatch):
+    """The guard made on the model's device for the images of one size at once, in runs of at most
+    GUARD_PIXELS pixels, is each image's own guard, and each run names the images it holds."""
+    from indeed_cli.inference import decomposition as D
+
+    rng = np.random.default_rng(5)
+    sizes = [(40, 30), (20, 24), (40, 30), (40, 30), (20, 24)]
+    plain = [rng.random((3, h, w)).astype(np.float32) for h, w in sizes]
+    shuffled = [p + 0.05 * rng.standard_normal(p.shape).astype(np.float32) for p in plain]
+    noisy = [p + 0.1 for p in plain]
+    monkeypatch.setattr(D, "GUARD_PIXELS", 2 * 40 * 30)  # two 40 x 30 images per run
+    runs = list(D.guarded_readouts(torch.device("cpu"), plain, shuffled, noisy))
+    assert [part for part, _, _ in runs] == [[0, 2], [3], [1, 4]]
+    for part, X, Y in runs:
+        for i, x, y in zip(part, X.numpy(), Y.numpy()):
+            np.testing.assert_array_equal(x, D.pixel_shuffle_guard(plain[i], shuffled[i]))
+            np.testing.assert_array_equal(y, noisy[i])
+    assert [p for p, _ in D.guarded_readouts(torch.device("cpu"), plain[:2], shuffled[:2])] == [[0], [1]]
+
+
 def test_batched_guards_and_correlations_are_each_images_own():
     from indeed_cli.inference import decomposition as D
 
