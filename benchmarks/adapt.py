@@ -451,8 +451,10 @@ def main() -> None:
                     sigma = float(spec[6:])
                     sets.append((spec, [(n, add_awgn(c, sigma, image_seed(n, 0), clipped8=True), c) for n, c in crops]))
                 else:
-                    level, jpeg = parse_noise(spec)
-                    sets.append((spec, [(n, *camera_pair(c, level, image_seed(n, 0), jpeg)) for n, c in crops]))
+                    level, jpeg, demosaic = parse_noise(spec)
+                    sets.append(
+                        (spec, [(n, *camera_pair(c, level, image_seed(n, 0), jpeg, demosaic)) for n, c in crops])
+                    )
         else:
             sets.append((f"{a.data.name} {a.split}", [
                 (n.name, as_gray(centre_crop(read_image(n).data, a.pair_crop), a.gray),

@@ -54,9 +54,11 @@ def evaluate_cmd(
         str,
         typer.Option(
             "--noise",
-            metavar="awgn|camera:LEVEL[+jpeg]",
+            metavar="awgn|camera:LEVEL[+mhc][+jpeg]",
             help="Synthetic noise: AWGN of each --sigma, or a camera pipeline's signal-dependent noise "
-            "(LEVEL light, medium or heavy; +jpeg: JPEG quality 90), scored against the noiseless camera image.",
+            "(LEVEL light, medium or heavy; +mhc: demosaiced across channels (Malvar-He-Cutler), correlated "
+            "between channels like real sRGB noise; +jpeg: JPEG quality 90), scored against the noiseless "
+            "camera image.",
         ),
     ] = "awgn",
     pixel_shuffle: Annotated[

@@ -76,7 +76,7 @@ def evaluate_denoise(
         jobs = [(n, c, None) for n, c in noisy_clean_pairs(noisy_paths, Path(clean[0]), pair)]
     elif noise != "awgn":
         try:
-            level, jpeg = parse_noise(noise)
+            level, jpeg, demosaic = parse_noise(noise)
         except ValueError as e:
             raise UsageError(str(e)) from None
         jobs = [(None, c, noise) for c in expand_inputs(clean)]
@@ -90,7 +90,9 @@ def evaluate_denoise(
         ref = read_image(clean_path)
         target = ref.data
         if isinstance(s, str):  # camera noise: scored against the camera's noiseless image
-            y, target = camera_pair(ref.data, level, image_seed(clean_path.name, 0, zlib.crc32(s.encode())), jpeg)
+            y, target = camera_pair(
+                ref.data, level, image_seed(clean_path.name, 0, zlib.crc32(s.encode())), jpeg, demosaic
+            )
         elif noisy_path is None:
             y = add_awgn(ref.data, s, image_seed(clean_path.name, s), clipped8)
         else:

@@ -39,13 +39,14 @@ XYZ2CAM = [
 RGB2XYZ = [[0.4124564, 0.3575761, 0.1804375], [0.2126729, 0.7151522, 0.0721750], [0.0193339, 0.1191920, 0.9503041]]
 
 
-def parse_noise(spec: str) -> tuple[str, bool]:
-    """'camera:heavy' or 'camera:heavy+jpeg' -> ('heavy', jpeg?)."""
-    kind, _, level = spec.partition(":")
-    level, _, extra = level.partition("+")
-    if kind != "camera" or level not in LEVELS or extra not in ("", "jpeg"):
-        raise ValueError(f"noise must be camera:LEVEL[+jpeg] with LEVEL one of {sorted(LEVELS)}, got {spec!r}")
-    return level, extra == "jpeg"
+def parse_noise(spec: str) -> tuple[str, bool, str]:
+    """'camera:LEVEL[+mhc][+jpeg]' -> (level, jpeg?, demosaic): e.g. 'camera:heavy+mhc+jpeg' ->
+    ('heavy', True, 'mhc'); without +mhc the demosaic is bilinear."""
+    kind, _, rest = spec.partition(":")
+    level, *extras = rest.split("+")
+    if kind != "camera" or level not in LEVELS or len(set(extras)) < len(extras) or set(extras) - {"jpeg", "mhc"}:
+        raise ValueError(f"noise must be camera:LEVEL[+mhc][+jpeg] with LEVEL one of {sorted(LEVELS)}, got {spec!r}")
+    return level, "jpeg" in extras, "mhc" if "mhc" in extras else "bilinear"
 
 
 def _uniform(gen: torch.Generator, lo: float, hi: float) -> float:
@@ -111,6 +112,37 @@ def _demosaic(raw: torch.Tensor) -> torch.Tensor:
     return out[0] if single else out
 
 
+# Malvar, He and Cutler, "High-quality linear interpolation for demosaicing of Bayer-patterned color
+# images" (ICASSP 2004), in eighths: each missing value is the bilinear one plus a correction from the
+# Laplacian of the channel that was sampled there, so the noise of one site reaches all three channels
+# of its neighbours (positively correlated between channels, as in real sRGB noise; bilinear gives
+# independent channels, which the colour matrix then anti-correlates)
+_MHC_G_AT_RB = [[0, 0, -1, 0, 0], [0, 0, 2, 0, 0], [-1, 2, 4, 2, -1], [0, 0, 2, 0, 0], [0, 0, -1, 0, 0]]
+_MHC_ROW = [[0, 0, 0.5, 0, 0], [0, -1, 0, -1, 0], [-1, 4, 5, 4, -1], [0, -1, 0, -1, 0], [0, 0, 0.5, 0, 0]]
+_MHC_DIAGONAL = [[0, 0, -1.5, 0, 0], [0, 2, 0, 2, 0], [-1.5, 0, 6, 0, -1.5], [0, 2, 0, 2, 0], [0, 0, -1.5, 0, 0]]
+DEMOSAICS = ("bilinear", "mhc")
+
+
+def _demosaic_mhc(raw: torch.Tensor) -> torch.Tensor:
+    """Malvar-He-Cutler demosaic of RGGB planes (h, w) or (B, h, w) -> (3, h, w) or (B, 3, h, w)."""
+    single = raw.dim() == 2
+    planes = (raw[None] if single else raw)[:, None]
+    row = torch.tensor(_MHC_ROW, dtype=raw.dtype)
+    kernels = torch.stack([torch.tensor(_MHC_G_AT_RB, dtype=raw.dtype), row, row.T,
+                           torch.tensor(_MHC_DIAGONAL, dtype=raw.dtype)])[:, None].to(raw.device) / 8  # fmt: skip
+    g_at_rb, along_row, along_col, diagonal = F.conv2d(F.pad(planes, (2,) * 4, mode="reflect"), kernels).unbind(1)
+    p = planes[:, 0]
+    r, g, b = p.clone(), p.clone(), p.clone()
+    # RGGB: R at (even, even), G at (even, odd) and (odd, even), B at (odd, odd)
+    g[:, 0::2, 0::2], g[:, 1::2, 1::2] = g_at_rb[:, 0::2, 0::2], g_at_rb[:, 1::2, 1::2]
+    r[:, 0::2, 1::2], r[:, 1::2, 0::2], r[:, 1::2, 1::2] = (
+        along_row[:, 0::2, 1::2], along_col[:, 1::2, 0::2], diagonal[:, 1::2, 1::2])  # fmt: skip
+    b[:, 1::2, 0::2], b[:, 0::2, 1::2], b[:, 0::2, 0::2] = (
+        along_row[:, 1::2, 0::2], along_col[:, 0::2, 1::2], diagonal[:, 0::2, 0::2])  # fmt: skip
+    out = torch.stack([r, g, b], 1)
+    return out[0] if single else out
+
+
 def _unprocess(x: torch.Tensor, rgb2cam: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     """sRGB (B, 3, h, w) -> linear camera RGB before white balance: tone curve, gamma and colour
     undone, white balance undone with the highlights kept below saturation (Brooks et al.)."""
@@ -163,14 +195,19 @@ def camera_noise_batch(
 
 
 def camera_pair(
-    clean: np.ndarray, level: str = "medium", seed: int = 0, jpeg: bool = False
+    clean: np.ndarray, level: str = "medium", seed: int = 0, jpeg: bool = False, demosaic: str = "bilinear"
 ) -> tuple[np.ndarray, np.ndarray]:
     """A (C, h, w) sRGB image in [0, 1] as a camera of the given noise level would have taken it, and
     the same camera's image without noise (the reference to score against, as the mean of many
     shots is for real noise pairs: the demosaic and the colour clipping are in both).
 
     Both are float32 (C, h, w) in [0, 1] quantised to 8 bits; the noisy one JPEG-compressed at
-    quality 90 with ``jpeg``.  Gray images go through as three equal channels and come back gray."""
+    quality 90 with ``jpeg``.  ``demosaic``: how the sensor noise is interpolated, "bilinear" (each
+    channel alone) or "mhc" (Malvar-He-Cutler: across channels, which correlates the channels' noise
+    positively, as in real sRGB noise); the same draws either way.  Gray images go through as three
+    equal channels and come back gray."""
+    if demosaic not in DEMOSAICS:
+        raise ValueError(f"demosaic must be one of {DEMOSAICS}, got {demosaic!r}")
     gray = clean.shape[0] == 1
     x = torch.from_numpy(np.repeat(clean, 3, 0) if gray else clean).double()
     gen = torch.Generator().manual_seed(seed)
@@ -180,7 +217,9 @@ def camera_pair(
     lin = _unprocess(x[None], rgb2cam, gains)[0]
     raw = _mosaic(lin)
     std = torch.sqrt(raw * cam["shot"] + cam["read"])  # the sensor: shot and read noise at each raw pixel
-    noise = _demosaic(std * torch.randn(raw.shape, generator=gen, dtype=torch.float64))
+    noise = (_demosaic_mhc if demosaic == "mhc" else _demosaic)(
+        std * torch.randn(raw.shape, generator=gen, dtype=torch.float64)
+    )
 
     def process(r: torch.Tensor) -> np.ndarray:
         rgb = _process(r[None], cam["cam2rgb"].double()[None], gains)[0]

@@ -73,8 +73,14 @@ def test_evaluate_with_camera_noise(run_cli, clean, ckpt_paths):
     again = [json.loads(line) for line in run_cli("evaluate", clean, "--noise", "camera:heavy", "-w", ckpt_paths[3],
                                                    "--json")[1].splitlines()]  # fmt: skip
     assert [r["psnr_in"] for r in again] == [r["psnr_in"] for r in rows]  # seeded per image
-    code, _, err = run_cli("evaluate", clean, "--noise", "camera:huge", "-w", ckpt_paths[3])
-    assert code == 2 and "camera:LEVEL" in err
+    code, out, err = run_cli("evaluate", clean, "--noise", "camera:heavy+mhc", "-w", ckpt_paths[3], "--json")
+    assert code == 0, err
+    mhc = [json.loads(line) for line in out.splitlines()]
+    assert [r["sigma"] for r in mhc] == ["camera:heavy+mhc"] * 3
+    assert [r["psnr_in"] for r in mhc[:2]] != [r["psnr_in"] for r in rows[:2]]  # another demosaic, other noise
+    for bad in ("camera:huge", "camera:heavy+vng"):
+        code, _, err = run_cli("evaluate", clean, "--noise", bad, "-w", ckpt_paths[3])
+        assert code == 2 and "camera:LEVEL" in err
 
 
 def test_evaluate_scores_the_pixel_shuffle_read_out(run_cli, clean, ckpt_paths):

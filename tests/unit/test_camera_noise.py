@@ -45,10 +45,48 @@ def test_noise_is_correlated_between_neighbours_unlike_awgn(image):
 
 
 def test_noise_spec_parsing():
-    assert parse_noise("camera:heavy") == ("heavy", False) and parse_noise("camera:light+jpeg") == ("light", True)
-    for bad in ("camera", "camera:huge", "gauss:light", "camera:light+png"):
+    assert parse_noise("camera:heavy") == ("heavy", False, "bilinear")
+    assert parse_noise("camera:light+jpeg") == ("light", True, "bilinear")
+    assert parse_noise("camera:heavy+mhc") == ("heavy", False, "mhc")
+    assert parse_noise("camera:medium+mhc+jpeg") == parse_noise("camera:medium+jpeg+mhc") == ("medium", True, "mhc")
+    for bad in ("camera", "camera:huge", "gauss:light", "camera:light+png", "camera:light+jpeg+jpeg", "camera:+mhc"):
         with pytest.raises(ValueError):
             parse_noise(bad)
+    with pytest.raises(ValueError, match="demosaic"):
+        camera_pair(np.zeros((3, 8, 8), np.float32), "light", demosaic="vng")
+
+
+def test_malvar_he_cutler_demosaic_keeps_linear_images_and_correlates_the_channels():
+    """Malvar-He-Cutler interpolation is exact on a linear image away from the border, and it spreads
+    a raw pixel's noise into all three channels: white raw noise comes out positively correlated
+    between channels, where the bilinear demosaic leaves the channels independent."""
+    import torch
+
+    from indeed_cli.tasks.camera_noise import _demosaic, _demosaic_mhc, _mosaic
+
+    yy, xx = torch.meshgrid(
+        torch.arange(16.0, dtype=torch.float64), torch.arange(20.0, dtype=torch.float64), indexing="ij"
+    )
+    ramp = torch.stack([0.2 + 0.01 * xx, 0.5 - 0.01 * yy, 0.3 + 0.02 * yy + 0.005 * xx])
+    torch.testing.assert_close(_demosaic_mhc(_mosaic(ramp))[:, 2:-2, 2:-2], ramp[:, 2:-2, 2:-2])
+    torch.testing.assert_close(_demosaic_mhc(_mosaic(ramp[None]))[0], _demosaic_mhc(_mosaic(ramp)))  # batched
+    white = torch.randn(128, 128, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    mhc, bilinear = (np.corrcoef(f(white).reshape(3, -1).numpy()) for f in (_demosaic_mhc, _demosaic))
+    assert mhc[np.triu_indices(3, 1)].min() > 0.4 and np.abs(bilinear[np.triu_indices(3, 1)]).max() < 0.05
+
+
+def test_camera_noise_with_the_malvar_demosaic(image):
+    """The same draws through the other demosaic: the same noiseless reference, a different noisy
+    image, and noise whose red and blue channels go together (bilinear: nearly independent)."""
+    noisy, ref = camera_pair(image, "heavy", seed=1)
+    noisy_m, ref_m = camera_pair(image, "heavy", seed=1, demosaic="mhc")
+    np.testing.assert_array_equal(ref, ref_m)
+    assert not np.array_equal(noisy, noisy_m)
+
+    def red_blue(a, b):
+        return np.corrcoef((a - b)[0].ravel(), (a - b)[2].ravel())[0, 1]
+
+    assert red_blue(noisy_m, ref_m) > 0.2 > red_blue(noisy, ref)
 
 
 def test_training_batch_one_camera_per_patch(image):

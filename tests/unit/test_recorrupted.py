@@ -458,3 +458,78 @@ def test_grouped_recorrupted_objective_equals_the_vmapped_one(rng, sparse_input)
     torch.testing.assert_close(X_g, X_v, rtol=1e-5, atol=1e-6)
     for a, b in zip(grads_g, grads_v):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def _flat_scene(rng, size=128, block=16):
+    """Blocks of constant colour (a flat scene), with noise of a luminance part l (the same in every
+    channel, variance 4 s^2) and a chroma part c (independent per channel, variance s^2); the residual
+    R = c + 0.6 l sees the chroma and a little of the luminance, as the gate's residual of real noise
+    does, and the read-out Y - R keeps 0.4 l."""
+    s = 0.02
+    colours = rng.uniform(0.2, 0.8, (3, size // block, size // block))
+    U = np.kron(colours, np.ones((block, block)))
+    lum, chroma = 2 * s * rng.standard_normal((1, size, size)), s * rng.standard_normal((3, size, size))
+    Y = U + lum + chroma
+    R = chroma + 0.6 * lum
+    return torch.from_numpy(Y), torch.from_numpy(R)
+
+
+def test_flat_block_covariances_measure_the_noise_the_residual_missed(rng):
+    """Over all blocks of a flat scene: Y's covariance about each block's mean is the whole noise's,
+    R's is what R holds, and the read-out's variance over the first's trace is 0.4^2 of the luminance."""
+    from indeed_cli.tasks.adaptation.recorrupted import flat_block_covariances
+
+    Y, R = _flat_scene(rng)
+    C_y, C_r, activity = flat_block_covariances(Y, R, 16, 1.0)
+    s2 = 0.02**2
+    np.testing.assert_allclose(C_y.numpy(), 4 * s2 * np.ones((3, 3)) + s2 * np.eye(3), atol=0.08 * s2)
+    np.testing.assert_allclose(C_r.numpy(), 0.36 * 4 * s2 * np.ones((3, 3)) + s2 * np.eye(3), atol=0.08 * s2)
+    assert activity == pytest.approx(0.16 * 12 / 15, abs=0.01)  # var(0.4 l) x 3 over trace(C_y)
+    # the chosen share: the blocks where the read-out varies least
+    assert flat_block_covariances(Y, R, 16, 0.1)[2] < activity
+    assert flat_block_covariances(Y[:, :8, :8], R[:, :8, :8], 16, 0.25) is None  # smaller than a block
+
+
+def test_flat_block_recolour_gives_the_residual_the_flat_blocks_channel_covariance(rng):
+    """W = chol(C_y) chol(C_r)^-1 maps the residual's covariance in the chosen blocks onto Y's
+    (W C_r W^T = C_y).  Left as they are: a residual that holds all the noise (ratio 1), a textured
+    image (the read-out varies in every block), a gray image."""
+    from indeed_cli.tasks.adaptation.recorrupted import flat_block_covariances, flat_block_recolour
+
+    Y, R = _flat_scene(rng)
+    C_y, C_r, _ = flat_block_covariances(Y, R, 16, 0.1)
+    out, changed = flat_block_recolour(Y, R)
+    assert changed and out.shape == R.shape
+    W = torch.linalg.lstsq(R.reshape(3, -1).T, out.reshape(3, -1).T).solution.T  # out = W R at every pixel
+    torch.testing.assert_close(W @ C_r @ W.T, C_y, rtol=1e-6, atol=1e-12)
+    C, h, w = Y.shape
+    U = Y.reshape(C, h // 16, 16, w // 16, 16).mean((2, 4)).repeat_interleave(16, 1).repeat_interleave(16, 2)
+    assert not flat_block_recolour(Y, Y - U)[1]  # nothing missed
+    texture = Y + torch.from_numpy(0.2 * rng.standard_normal((1, h, w)))  # gray texture in every block
+    assert not flat_block_recolour(texture, R)[1]
+    gray, changed = flat_block_recolour(Y[:1], R[:1])
+    assert not changed and torch.equal(gray, R[:1])
+
+
+def test_the_gate_recolours_the_residuals_it_admits(rng, monkeypatch):
+    from indeed_cli.tasks.adaptation import runner
+    from indeed_cli.tasks.adaptation.recorrupted import flat_block_recolour
+
+    Y, R = _flat_scene(rng)
+    y, r = Y.float().numpy(), R.float().numpy()
+    _gate_readout(monkeypatch, lambda ys: [y - r for _ in ys])
+    ck = _ckpt()
+    monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", -1.0)  # admitted (the residual here is white)
+    ((ok, _, got),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
+    want, changed = flat_block_recolour(torch.from_numpy(y), torch.from_numpy(y - (y - r)))
+    assert ok and changed
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-7)
+    assert not np.allclose(got, r, atol=1e-3)
+    monkeypatch.setattr(runner, "FLAT_RECOLOUR", False)
+    ((_, _, got),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
+    np.testing.assert_allclose(got, r, atol=1e-7)
+    monkeypatch.setattr(runner, "FLAT_RECOLOUR", True)
+    monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", 2.0)  # refused: its residual is not used, left as it is
+    ((ok, _, got),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
+    assert not ok
+    np.testing.assert_allclose(got, r, atol=1e-7)

@@ -103,6 +103,25 @@ R2R_MIN_CORRELATION = 0.3
 # noise estimate and its gate (Eq. recorruption gate): 2 (the sub-images of a demosaicked colour image
 # see its noise at lag 2, nearly white).
 R2R_SHUFFLE = 2
+# The noise's channel covariance from the image's flattest blocks (recorrupted.flat_block_recolour, Eq.
+# flat-block recolouring): the gate's residual misses the noise that real camera pipelines make
+# correlated between channels (luminance-like noise the model reads as texture; on a SIDD validation
+# block R was 0.65 times the true noise with the wrong sign of correlation, on camera noise demosaiced
+# with Malvar-He-Cutler filters 0.77 times).  The residual is recoloured to the covariance of Y in the
+# FLAT_SHARE of FLAT_BLOCK x FLAT_BLOCK blocks where the read-out X_ps varies least, where (a) the
+# read-out's variance there is at most FLAT_MAX_ACTIVITY times that covariance's trace (the blocks are
+# flat: what varies in Y there is noise) and (b) that trace is at least FLAT_MIN_RATIO times the
+# residual's in the same blocks (the residual missed much of it).  Chosen on development crops
+# (docs/reports/2026-12-04-noise-channel-covariance.md): 0.2 / 1.6 recoloured 30 of the 653 development
+# inputs, none of which lost; looser limits lost up to 4.5 dB on single textured crops, whose flattest
+# blocks hold detail.  Held out (OAG, one H200, fp32): +0.35 to +1.53 dB on Malvar-He-Cutler camera
+# noise, no image below OAG without it but one light-noise wallpaper crop (-2.29, still +0.48 over
+# plain), nothing else changed.  FLAT_RECOLOUR False: the residual as before.
+FLAT_RECOLOUR = True
+FLAT_BLOCK = 16
+FLAT_SHARE = 0.1
+FLAT_MAX_ACTIVITY = 0.2
+FLAT_MIN_RATIO = 1.6
 # InDeedOAG runs the recorrupted objective where the ELBO kept an image's starting weights ("auto"):
 # held out (384 x 384 crops, synthetic camera noise, one NVIDIA H200, fp32) it gained +0.7 to +4.1 dB
 # over plain where the ELBO alone gained nothing, left PolyU100 as it was (37.36 dB on the scene-test

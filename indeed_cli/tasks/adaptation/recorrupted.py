@@ -127,6 +127,57 @@ def noise_gain(level_of, residual, bins: int = GAIN_BINS, device: torch.device |
     return (sd / sd.square().mean(1, keepdim=True).sqrt()).reshape(shape)
 
 
+def flat_block_covariances(
+    noisy: torch.Tensor, residual: torch.Tensor, block: int, share: float
+) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """Eq. (flat-block channel covariance) of a (C, h, w) image Y and the gate's residual R (tensors on
+    one device): in the ``share`` of its ``block`` x ``block`` blocks where the read-out X = Y - R
+    varies least, the (C, C) covariance of Y about each block's mean, that of R, and the read-out's
+    mean variance there over the first's trace (how flat those blocks are; float64).  None for an image
+    smaller than one block."""
+    C, h, w = noisy.shape
+    hb, wb = h // block, w // block
+    if hb * wb == 0:
+        return None
+
+    def blocks(a: torch.Tensor) -> torch.Tensor:
+        a = a[:, : hb * block, : wb * block].double()
+        return a.reshape(C, hb, block, wb, block).permute(1, 3, 0, 2, 4).reshape(-1, C, block * block)
+
+    Yb, Xb, Rb = blocks(noisy), blocks(noisy - residual), blocks(residual)
+    activity = Xb.var(-1, unbiased=False).sum(-1)
+    chosen = torch.argsort(activity, stable=True)[: max(1, int(share * len(activity)))]
+    D, E = (b[chosen] - b[chosen].mean(-1, keepdim=True) for b in (Yb, Rb))
+    count = D.shape[0] * D.shape[2]
+    C_y, C_r = (torch.einsum("nip,njp->ij", a, a) / count for a in (D, E))
+    return C_y, C_r, float(activity[chosen].mean() / C_y.trace().clamp_min(1e-300))
+
+
+def flat_block_recolour(
+    noisy: torch.Tensor,
+    residual: torch.Tensor,
+    block: int = 16,
+    share: float = 0.1,
+    max_activity: float = 0.2,
+    min_ratio: float = 1.6,
+) -> tuple[torch.Tensor, bool]:
+    """Eq. (flat-block recolouring): the residual R (C, h, w) mapped by W = chol(C_y) chol(C_r)^-1, so
+    that its channel covariance in the flattest blocks becomes Y's there (W C_r W^T = C_y), where those
+    blocks are flat (activity at most ``max_activity``) and C_y's trace is at least ``min_ratio`` times
+    C_r's; else R unchanged.  Colour images only (a gray image's R is returned as it is).  Returns (R', recoloured?)."""
+    if noisy.shape[0] != 3:
+        return residual, False
+    stats = flat_block_covariances(noisy, residual, block, share)
+    if stats is None:
+        return residual, False
+    C_y, C_r, activity = stats
+    if not (activity <= max_activity and float(C_y.trace()) >= min_ratio * float(C_r.trace()) > 0):
+        return residual, False
+    eye = 1e-12 * torch.eye(3, dtype=C_y.dtype, device=C_y.device)
+    W = torch.linalg.cholesky(C_y + eye) @ torch.linalg.inv(torch.linalg.cholesky(C_r + eye))
+    return (W.to(residual.dtype) @ residual.reshape(3, -1)).reshape(residual.shape), True
+
+
 def recorrupted_pair(Y: torch.Tensor, z: torch.Tensor, alpha: float = ALPHA) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. (recorrupted pair): (Y + alpha z, Y - z / alpha), whose noises are independent when z has
     the noise's covariance."""

@@ -32,6 +32,11 @@ from ..ood import image_ood_score
 from .config import (
     AG_DEFAULTS,
     AG_RECORRUPTED_DEFAULTS,
+    FLAT_BLOCK,
+    FLAT_MAX_ACTIVITY,
+    FLAT_MIN_RATIO,
+    FLAT_RECOLOUR,
+    FLAT_SHARE,
     OAG_DEFAULTS,
     R2R_BATCH,
     R2R_EVAL_DRAWS,
@@ -57,6 +62,7 @@ from .objective import (
 from .recorrupted import (
     coloured,
     correlated_noise,
+    flat_block_recolour,
     noise_gain,
     noise_spectrum,
     recorrupted_pair,
@@ -215,8 +221,16 @@ def recorruption_gates(
     of its time on a GPU when made one by one), in fp32 whatever the adaptation's precision (in bf16
     they were no faster on an H200)."""
     gated = []
+    device = next(ckpt.model.parameters()).device
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
-        for residual, c in shuffled_residuals(ckpt, chunk, R2R_SHUFFLE, keep_on_device=keep_on_device):
+        residuals = shuffled_residuals(ckpt, chunk, R2R_SHUFFLE, keep_on_device=keep_on_device)
+        for im, (residual, c) in zip(chunk, residuals):
+            if c >= R2R_MIN_CORRELATION and FLAT_RECOLOUR:  # noise the residual missed (Eq. flat-block recolouring)
+                R = torch.as_tensor(residual).to(device)
+                R, changed = flat_block_recolour(torch.as_tensor(im).to(device), R, FLAT_BLOCK, FLAT_SHARE,
+                                                 FLAT_MAX_ACTIVITY, FLAT_MIN_RATIO)  # fmt: skip
+                if changed:
+                    residual = R if keep_on_device else R.cpu().numpy()
             gated.append((c >= R2R_MIN_CORRELATION, c, residual))
     return gated
 
