@@ -350,7 +350,7 @@ def main() -> None:
     ap.add_argument(
         "--camera",
         default=None,
-        help="camera:LEVEL[+jpeg][,...]: make the noisy/reference pairs from the clean images of --data with the "
+        help="camera:LEVEL[+mhc][+jpeg][,...]: make the noisy/reference pairs from the clean images of --data with the "
         "camera noise model (indeed_cli.tasks.camera_noise), seeded per image; one table per level; also "
         "gauss:SIGMA (white Gaussian noise, 8-bit) and clean (no noise)",
     )
