@@ -480,7 +480,7 @@ def test_flat_block_covariances_measure_the_noise_the_residual_missed(rng):
     from indeed_cli.tasks.adaptation.recorrupted import flat_block_covariances
 
     Y, R = _flat_scene(rng)
-    C_y, C_r, activity = flat_block_covariances(Y, R, 16, 1.0)
+    C_y, C_r, activity, _ = flat_block_covariances(Y, R, 16, 1.0)
     s2 = 0.02**2
     np.testing.assert_allclose(C_y.numpy(), 4 * s2 * np.ones((3, 3)) + s2 * np.eye(3), atol=0.08 * s2)
     np.testing.assert_allclose(C_r.numpy(), 0.36 * 4 * s2 * np.ones((3, 3)) + s2 * np.eye(3), atol=0.08 * s2)
@@ -497,7 +497,7 @@ def test_flat_block_recolour_gives_the_residual_the_flat_blocks_channel_covarian
     from indeed_cli.tasks.adaptation.recorrupted import flat_block_covariances, flat_block_recolour
 
     Y, R = _flat_scene(rng)
-    C_y, C_r, _ = flat_block_covariances(Y, R, 16, 0.1)
+    C_y, C_r, _, _ = flat_block_covariances(Y, R, 16, 0.1)
     out, changed = flat_block_recolour(Y, R)
     assert changed and out.shape == R.shape
     W = torch.linalg.lstsq(R.reshape(3, -1).T, out.reshape(3, -1).T).solution.T  # out = W R at every pixel
@@ -533,3 +533,25 @@ def test_the_gate_recolours_the_residuals_it_admits(rng, monkeypatch):
     ((ok, _, got),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
     assert not ok
     np.testing.assert_allclose(got, r, atol=1e-7)
+
+
+def test_flat_block_recolour_reads_noise_kept_by_the_read_out_but_not_smooth_detail(rng):
+    """Flat blocks where the read-out varies a little more than FLAT_MAX_ACTIVITY allows: recoloured
+    with ``noise_like`` where that variation is white (lag-2 correlation about 0: noise the read-out
+    kept), not where it is smooth grey detail of the same variance."""
+    from indeed_cli.tasks.adaptation.recorrupted import flat_block_covariances, flat_block_recolour
+
+    s, size = 0.02, 128
+    U = np.kron(rng.uniform(0.2, 0.8, (3, 8, 8)), np.ones((16, 16)))
+    lum, chroma = 2 * s * rng.standard_normal((1, size, size)), s * rng.standard_normal((3, size, size))
+    Y, R = torch.from_numpy(U + lum + chroma), torch.from_numpy(chroma + 0.45 * lum)  # the read-out keeps 0.55 l
+    _, _, activity, lag2 = flat_block_covariances(Y, R, 16, 0.1)
+    assert 0.2 < activity < 0.3 and abs(lag2) < 0.1
+    assert not flat_block_recolour(Y, R)[1] and flat_block_recolour(Y, R, noise_like=(0.3, 0.2))[1]
+    # the same split, with smooth grey detail of the luminance noise's variance in its place
+    yy, xx = np.mgrid[0:size, 0:size]
+    detail = 2 * s * np.sqrt(2) * np.sin(2 * np.pi * (xx + 2 * yy) / 24)[None]
+    Yd, Rd = torch.from_numpy(U + detail + chroma), torch.from_numpy(chroma + 0.45 * detail)
+    _, _, activity_d, lag2_d = flat_block_covariances(Yd, Rd, 16, 0.1)
+    assert activity_d == pytest.approx(activity, abs=0.05) and lag2_d > 0.5
+    assert not flat_block_recolour(Yd, Rd, noise_like=(0.3, 0.2))[1]

@@ -122,6 +122,12 @@ FLAT_BLOCK = 16
 FLAT_SHARE = 0.1
 FLAT_MAX_ACTIVITY = 0.2
 FLAT_MIN_RATIO = 1.6
+# ... or where the read-out's variation in those blocks is at most FLAT_NOISE_LIKE[0] times the trace and
+# noise-like, its lag-2 correlation at most FLAT_NOISE_LIKE[1] (noise the read-out kept is white from lag
+# 2 on, smooth detail is not): it reached the SIDD validation block of the report (activity 0.25, lag 2
+# -0.01; +6.8 dB there) and 3 more development crops, all of which gained; held out (CPU, fp32) it
+# recoloured 3 more of 456 inputs (+1.27 to +1.58 dB) and nothing else.  None: the first rule alone.
+FLAT_NOISE_LIKE: tuple[float, float] | None = (0.3, 0.2)
 # InDeedOAG runs the recorrupted objective where the ELBO kept an image's starting weights ("auto"):
 # held out (384 x 384 crops, synthetic camera noise, one NVIDIA H200, fp32) it gained +0.7 to +4.1 dB
 # over plain where the ELBO alone gained nothing, left PolyU100 as it was (37.36 dB on the scene-test

@@ -129,12 +129,13 @@ def noise_gain(level_of, residual, bins: int = GAIN_BINS, device: torch.device |
 
 def flat_block_covariances(
     noisy: torch.Tensor, residual: torch.Tensor, block: int, share: float
-) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+) -> tuple[torch.Tensor, torch.Tensor, float, float] | None:
     """Eq. (flat-block channel covariance) of a (C, h, w) image Y and the gate's residual R (tensors on
     one device): in the ``share`` of its ``block`` x ``block`` blocks where the read-out X = Y - R
-    varies least, the (C, C) covariance of Y about each block's mean, that of R, and the read-out's
-    mean variance there over the first's trace (how flat those blocks are; float64).  None for an image
-    smaller than one block."""
+    varies least, the (C, C) covariance of Y about each block's mean, that of R, the read-out's
+    mean variance there over the first's trace (how flat those blocks are), and the lag-2
+    correlation of the read-out's variation there (along rows and columns pooled: about 0 for noise
+    the read-out kept, high for smooth detail; float64).  None for an image smaller than one block."""
     C, h, w = noisy.shape
     hb, wb = h // block, w // block
     if hb * wb == 0:
@@ -147,10 +148,13 @@ def flat_block_covariances(
     Yb, Xb, Rb = blocks(noisy), blocks(noisy - residual), blocks(residual)
     activity = Xb.var(-1, unbiased=False).sum(-1)
     chosen = torch.argsort(activity, stable=True)[: max(1, int(share * len(activity)))]
-    D, E = (b[chosen] - b[chosen].mean(-1, keepdim=True) for b in (Yb, Rb))
+    D, E, V = (b[chosen] - b[chosen].mean(-1, keepdim=True) for b in (Yb, Rb, Xb))
     count = D.shape[0] * D.shape[2]
     C_y, C_r = (torch.einsum("nip,njp->ij", a, a) / count for a in (D, E))
-    return C_y, C_r, float(activity[chosen].mean() / C_y.trace().clamp_min(1e-300))
+    V = V.reshape(*V.shape[:2], block, block)
+    right, down = (V[..., 2:], V[..., :-2]), (V[..., 2:, :], V[..., :-2, :])
+    lag2 = sum((a * b).sum() for a, b in (right, down)) / sum((a * a).sum() for a, _ in (right, down)).clamp_min(1e-300)
+    return C_y, C_r, float(activity[chosen].mean() / C_y.trace().clamp_min(1e-300)), float(lag2)
 
 
 def flat_block_recolour(
@@ -160,18 +164,22 @@ def flat_block_recolour(
     share: float = 0.1,
     max_activity: float = 0.2,
     min_ratio: float = 1.6,
+    noise_like: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, bool]:
     """Eq. (flat-block recolouring): the residual R (C, h, w) mapped by W = chol(C_y) chol(C_r)^-1, so
     that its channel covariance in the flattest blocks becomes Y's there (W C_r W^T = C_y), where those
-    blocks are flat (activity at most ``max_activity``) and C_y's trace is at least ``min_ratio`` times
-    C_r's; else R unchanged.  Colour images only (a gray image's R is returned as it is).  Returns (R', recoloured?)."""
+    blocks are flat (activity at most ``max_activity``; or, with ``noise_like`` (a, c), at most a where
+    the read-out's variation there has a lag-2 correlation of at most c: it is kept noise, not detail)
+    and C_y's trace is at least ``min_ratio`` times C_r's; else R unchanged.  Colour images only (a gray
+    image's R is returned as it is).  Returns (R', recoloured?)."""
     if noisy.shape[0] != 3:
         return residual, False
     stats = flat_block_covariances(noisy, residual, block, share)
     if stats is None:
         return residual, False
-    C_y, C_r, activity = stats
-    if not (activity <= max_activity and float(C_y.trace()) >= min_ratio * float(C_r.trace()) > 0):
+    C_y, C_r, activity, lag2 = stats
+    flat = activity <= max_activity or (noise_like is not None and activity <= noise_like[0] and lag2 <= noise_like[1])
+    if not (flat and float(C_y.trace()) >= min_ratio * float(C_r.trace()) > 0):
         return residual, False
     eye = 1e-12 * torch.eye(3, dtype=C_y.dtype, device=C_y.device)
     W = torch.linalg.cholesky(C_y + eye) @ torch.linalg.inv(torch.linalg.cholesky(C_r + eye))

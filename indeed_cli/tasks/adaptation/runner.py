@@ -35,6 +35,7 @@ from .config import (
     FLAT_BLOCK,
     FLAT_MAX_ACTIVITY,
     FLAT_MIN_RATIO,
+    FLAT_NOISE_LIKE,
     FLAT_RECOLOUR,
     FLAT_SHARE,
     OAG_DEFAULTS,
@@ -228,7 +229,7 @@ def recorruption_gates(
             if c >= R2R_MIN_CORRELATION and FLAT_RECOLOUR:  # noise the residual missed (Eq. flat-block recolouring)
                 R = torch.as_tensor(residual).to(device)
                 R, changed = flat_block_recolour(torch.as_tensor(im).to(device), R, FLAT_BLOCK, FLAT_SHARE,
-                                                 FLAT_MAX_ACTIVITY, FLAT_MIN_RATIO)  # fmt: skip
+                                                 FLAT_MAX_ACTIVITY, FLAT_MIN_RATIO, FLAT_NOISE_LIKE)  # fmt: skip
                 if changed:
                     residual = R if keep_on_device else R.cpu().numpy()
             gated.append((c >= R2R_MIN_CORRELATION, c, residual))
