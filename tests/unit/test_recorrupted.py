@@ -547,7 +547,7 @@ def test_flat_block_recolour_reads_noise_kept_by_the_read_out_but_not_smooth_det
     Y, R = torch.from_numpy(U + lum + chroma), torch.from_numpy(chroma + 0.45 * lum)  # the read-out keeps 0.55 l
     _, _, activity, lag2 = flat_block_covariances(Y, R, 16, 0.1)
     assert 0.2 < activity < 0.3 and abs(lag2) < 0.1
-    assert not flat_block_recolour(Y, R)[1] and flat_block_recolour(Y, R, noise_like=(0.3, 0.2))[1]
+    assert not flat_block_recolour(Y, R, noise_like=None)[1] and flat_block_recolour(Y, R, noise_like=(0.3, 0.2))[1]
     # the same split, with smooth grey detail of the luminance noise's variance in its place
     yy, xx = np.mgrid[0:size, 0:size]
     detail = 2 * s * np.sqrt(2) * np.sin(2 * np.pi * (xx + 2 * yy) / 24)[None]

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from .config import FLAT_BLOCK, FLAT_MAX_ACTIVITY, FLAT_MIN_RATIO, FLAT_NOISE_LIKE, FLAT_SHARE
+
 SPECTRUM_BLOCK = 32  # pixels: the blocks the cross-spectrum is averaged over
 SPECTRUM_LAG = 6  # pixels: the noise's autocovariance is kept (tapered) up to this lag
 # the recorruption strength: Pang et al. train with 0.5; adapting to one image, alpha = 1 (the
@@ -160,18 +162,19 @@ def flat_block_covariances(
 def flat_block_recolour(
     noisy: torch.Tensor,
     residual: torch.Tensor,
-    block: int = 16,
-    share: float = 0.1,
-    max_activity: float = 0.2,
-    min_ratio: float = 1.6,
-    noise_like: tuple[float, float] | None = None,
+    block: int = FLAT_BLOCK,
+    share: float = FLAT_SHARE,
+    max_activity: float = FLAT_MAX_ACTIVITY,
+    min_ratio: float = FLAT_MIN_RATIO,
+    noise_like: tuple[float, float] | None = FLAT_NOISE_LIKE,
 ) -> tuple[torch.Tensor, bool]:
     """Eq. (flat-block recolouring): the residual R (C, h, w) mapped by W = chol(C_y) chol(C_r)^-1, so
     that its channel covariance in the flattest blocks becomes Y's there (W C_r W^T = C_y), where those
     blocks are flat (activity at most ``max_activity``; or, with ``noise_like`` (a, c), at most a where
     the read-out's variation there has a lag-2 correlation of at most c: it is kept noise, not detail)
-    and C_y's trace is at least ``min_ratio`` times C_r's; else R unchanged.  Colour images only (a gray
-    image's R is returned as it is).  Returns (R', recoloured?)."""
+    and C_y's trace is at least ``min_ratio`` times C_r's; else R unchanged.  The defaults are the
+    gate's (config.FLAT_*).  Colour images only (a gray image's R is returned as it is).  Returns
+    (R', recoloured?)."""
     if noisy.shape[0] != 3:
         return residual, False
     stats = flat_block_covariances(noisy, residual, block, share)

@@ -226,13 +226,14 @@ def recorruption_gates(
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
         residuals = shuffled_residuals(ckpt, chunk, R2R_SHUFFLE, keep_on_device=keep_on_device)
         for im, (residual, c) in zip(chunk, residuals):
-            if c >= R2R_MIN_CORRELATION and FLAT_RECOLOUR:  # noise the residual missed (Eq. flat-block recolouring)
+            admitted = c >= R2R_MIN_CORRELATION
+            if admitted and FLAT_RECOLOUR:  # noise the residual missed (Eq. flat-block recolouring)
                 R = torch.as_tensor(residual).to(device)
                 R, changed = flat_block_recolour(torch.as_tensor(im).to(device), R, FLAT_BLOCK, FLAT_SHARE,
                                                  FLAT_MAX_ACTIVITY, FLAT_MIN_RATIO, FLAT_NOISE_LIKE)  # fmt: skip
                 if changed:
                     residual = R if keep_on_device else R.cpu().numpy()
-            gated.append((c >= R2R_MIN_CORRELATION, c, residual))
+            gated.append((admitted, c, residual))
     return gated
 
 
