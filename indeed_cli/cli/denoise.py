@@ -83,7 +83,7 @@ def denoise_cmd(
         **run.folder_run(report),
     )
     done = report.processed()
-    report.finish(ood_warning(done), little_change_note(done))
+    report.finish(ood_warning(done), little_change_note(done), flat_kept_note(done))
 
 
 # RMS change (8-bit grey levels) below which an output is "nearly the input": Gaussian noise of
@@ -126,20 +126,60 @@ def little_change_note(done: list[Outcome]) -> str:
 
 
 def _alternatives(images: list[Outcome], first: tuple[str, ...] = ()) -> str:
-    """What to run on these images instead, as one phrase: ``first``, the pixel-shuffle read-out
-    (unless it was used; on synthetic camera noise it gained 2-6 dB, docs/guide/denoise.md), the
-    `indeed adapt` command (OAG for one image, AG for several), and the camera-noise model for a
-    colour image denoised with another model (weights/README.md)."""
+    """What to run on these images instead, as one phrase: ``first``, the `indeed adapt` command
+    (OAG for one image, AG for several; on real phone noise it gained 5.6-7.2 dB, docs/results.md),
+    the pixel-shuffle read-out (unless it was used; named first for gray images, whose camera noise
+    adaptation hardly removes: docs/guide/adapt.md), and the camera-noise model for a colour image
+    denoised with another model (weights/README.md)."""
     options = list(first)
-    if all(o.record.get("pixel_shuffle", 1) == 1 for o in images):
-        options.append(pixel_shuffle_option(images))
     if len(images) == 1:
-        options.append(f"`indeed adapt {images[0].source} --mode oag -o DIR`")
+        adapt = f"`indeed adapt {images[0].source} --mode oag -o DIR`"
     else:
-        options.append("`indeed adapt FOLDER --mode ag -o DIR` (one camera)")
+        adapt = "`indeed adapt FOLDER --mode ag -o DIR` (one camera)"
+    shuffle = [pixel_shuffle_option(images)] if all(o.record.get("pixel_shuffle", 1) == 1 for o in images) else []
+    gray = all(o.record.get("channels") == 1 for o in images)
+    options += shuffle + [adapt] if gray else [adapt] + shuffle
     if any(o.record.get("channels") == 3 and Path(str(o.record.get("weights"))).name != BUNDLED_CAMERA for o in images):
         options.append("--weights color-camera (trained on camera noise)")
     return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+
+
+# The share of the flattest regions' variance an output may keep before `indeed denoise` says so
+# (flat_region_kept): on development crops Gaussian noise of σ = 15-50 left at most 5% of the crops
+# at 0.5 or more, synthetic camera noise 88-100% (light to heavy), a SIDD phone image 0.88, clean crops
+# 0.79-1.0 (docs/reports/2026-12-04-noise-left-in-flat-regions.md)
+FLAT_KEPT_NOTE = 0.5
+
+
+def flat_kept_note(done: list[Outcome]) -> str:
+    """One line for the images neither flagged, adapted nor nearly unchanged whose output kept at
+    least FLAT_KEPT_NOTE of the variance of their flattest regions (``flat_kept``): clean or
+    textured there, or noise the model read as texture, as real phone noise often is (a SIDD image
+    changed by 7.6 grey levels and kept 88% there: OAG then gained 8 dB)."""
+    quiet = set(map(id, nearly_unchanged(done)))
+    kept = [
+        o
+        for o in done
+        if id(o) not in quiet
+        and not o.record.get("ood")
+        and not o.record.get("adapted")
+        and (o.record.get("flat_kept") or 0.0) >= FLAT_KEPT_NOTE
+    ]
+    if not kept:
+        return ""
+    if len(kept) == 1:
+        r = kept[0].record
+        what = (
+            f"{kept[0].source.name} kept {r['flat_kept']:.0%} of the variance of its flattest regions "
+            f"({r['flat_rms']:.2g} grey levels RMS there)"
+        )
+        it, looks = "it is", "it looks"
+    else:
+        share = f"{FLAT_KEPT_NOTE:.0%}"
+        what = f"{len(kept)} of {len(done)} images kept at least {share} of the variance of their flattest regions"
+        it, looks = "they are", "they look"
+    hint = f"if {looks} noisy, the model read the noise as texture: try {_alternatives(kept)}"
+    return f"{what}: fine if {it} clean or textured there; {hint}"
 
 
 # The stride to name, by the images' channels.  Camera noise averaged to gray is correlated over two

@@ -93,6 +93,53 @@ def test_nearly_unchanged_images_get_one_line_naming_what_to_try():
     assert little_change_note([Outcome(Path("n.png"), rec(None))]) == ""
 
 
+def test_flat_region_kept_is_the_share_of_flat_variance_the_output_kept(rng):
+    """0 where the output removed all variation of the flattest regions, 1 where it kept it, the
+    square of the amplitude kept in between; the RMS is the input's there, in grey levels."""
+    from indeed_cli.pipelines.denoise import flat_region_kept
+
+    noise = 0.04 * rng.standard_normal((3, 64, 64)).astype(np.float32)
+    step = np.broadcast_to(np.where(np.arange(64) < 40, 0.3, 0.7).astype(np.float32), (3, 64, 64))  # inside a block
+    Y = 0.5 + noise
+    kept, rms = flat_region_kept(Y, np.full_like(Y, 0.5))
+    assert kept == 0.0 and rms == pytest.approx(0.04 * 255, rel=0.05)
+    assert flat_region_kept(Y, Y)[0] == pytest.approx(1.0, abs=1e-3)
+    assert flat_region_kept(Y, 0.5 + 0.5 * noise)[0] == pytest.approx(0.25, abs=1e-3)
+    # the blocks are chosen by how little the output varies: flat ones, not those across the step
+    Z = step + noise
+    assert flat_region_kept(Z, step)[0] == 0.0 and flat_region_kept(Z, Z)[0] == pytest.approx(1.0, abs=1e-3)
+    assert flat_region_kept(Y[0], Y[0])[0] == pytest.approx(1.0, abs=1e-3)  # a gray (h, w) image
+    assert flat_region_kept(Y, Y[:, :32]) is None and flat_region_kept(Y[:, :8, :8], Y[:, :8, :8]) is None
+    still = np.full_like(Y, 0.5)
+    assert flat_region_kept(still, Y) == (None, 0.0)  # no variation to keep a share of
+
+
+def test_outputs_that_kept_their_flat_regions_variance_get_one_line():
+    """Images neither flagged, adapted nor nearly unchanged whose output kept at least FLAT_KEPT_NOTE
+    of their flattest regions' variance: one line, `indeed adapt` first for colour images."""
+    from indeed_cli.cli.denoise import FLAT_KEPT_NOTE, flat_kept_note
+    from indeed_cli.pipelines import Outcome
+
+    def rec(kept, rms=4.0, channels=3, ood=False, adapted=None):
+        return {"change_rms": rms, "flat_kept": kept, "flat_rms": 31.1, "ood": ood, "adapted": adapted,
+                "channels": channels, "weights": "w/indeed-denoise-color-fullchroma.safetensors"}  # fmt: skip
+
+    phone = Outcome(Path("p.png"), rec(0.88))
+    gaussian = Outcome(Path("g.png"), rec(0.02))
+    one = flat_kept_note([phone, gaussian])
+    assert one.startswith("p.png kept 88% of the variance of its flattest regions (31 grey levels RMS there)")
+    assert one.index("indeed adapt p.png --mode oag") < one.index("--pixel-shuffle 2") < one.index("color-camera")
+    assert flat_kept_note([gaussian]) == "" and flat_kept_note([Outcome(Path("n.png"), rec(None))]) == ""
+    # flagged, adapted and nearly unchanged images have their own lines
+    assert flat_kept_note([Outcome(Path("f.png"), rec(0.9, ood=True))]) == ""
+    assert flat_kept_note([Outcome(Path("a.png"), rec(0.9, adapted={"best_step": 3}))]) == ""
+    assert flat_kept_note([Outcome(Path("q.png"), rec(0.99, rms=0.3))]) == ""
+    gray = [Outcome(Path(f"{i}.png"), rec(FLAT_KEPT_NOTE, channels=1)) for i in range(2)]
+    two = flat_kept_note([*gray, gaussian])
+    assert two.startswith(f"2 of 3 images kept at least {FLAT_KEPT_NOTE:.0%}") and "--mode ag" in two
+    assert two.index("--pixel-shuffle 3") < two.index("indeed adapt")  # gray: the read-out first
+
+
 def test_denoise_json_reports_how_much_the_image_changed(run_cli, folder, tmp_path, ckpt_paths):
     from PIL import Image
 
@@ -101,7 +148,9 @@ def test_denoise_json_reports_how_much_the_image_changed(run_cli, folder, tmp_pa
     x = np.asarray(Image.open(folder / "a.png"), dtype=np.float64)
     y = np.asarray(Image.open(tmp_path / "a.png"), dtype=np.float64)
     rms = float(np.sqrt(np.mean((x - y) ** 2)))
-    assert json.loads(out)["change_rms"] == pytest.approx(rms, abs=0.5)  # the file is the output rounded to 8 bits
+    record = json.loads(out)
+    assert record["change_rms"] == pytest.approx(rms, abs=0.5)  # the file is the output rounded to 8 bits
+    assert 0.0 <= record["flat_kept"] and record["flat_rms"] >= 0.0
 
 
 def test_detect_says_when_it_flags_nothing(run_cli, tmp_path, rng):
@@ -381,9 +430,12 @@ def test_advice_names_the_pixel_shuffle_read_out_unless_it_was_used():
         "rerun with --auto-adapt, --pixel-shuffle 3 or `indeed adapt a.png --mode oag -o DIR`"
     )
     colour = {**rec, "channels": 3}
-    assert "try --pixel-shuffle 2, `indeed adapt a.png" in little_change_note([Outcome(Path("a.png"), colour)])
+    # colour: adaptation first (real phone noise: docs/results.md), then the read-out
+    assert "try `indeed adapt a.png --mode oag -o DIR`, --pixel-shuffle 2 or" in little_change_note(
+        [Outcome(Path("a.png"), colour)]
+    )
     mixed = little_change_note([Outcome(Path("a.png"), rec), Outcome(Path("b.png"), colour)])
-    assert "try --pixel-shuffle 2 (3 for the gray ones), `indeed adapt FOLDER" in mixed
+    assert "try `indeed adapt FOLDER --mode ag -o DIR` (one camera), --pixel-shuffle 2 (3 for the gray ones)" in mixed
 
 
 def test_adapt_names_the_pixel_shuffle_for_images_it_left_nearly_unchanged():

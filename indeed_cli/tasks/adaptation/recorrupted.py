@@ -143,20 +143,24 @@ def flat_block_covariances(
     if hb * wb == 0:
         return None
 
-    def blocks(a: torch.Tensor) -> torch.Tensor:
-        a = a[:, : hb * block, : wb * block].double()
-        return a.reshape(C, hb, block, wb, block).permute(1, 3, 0, 2, 4).reshape(-1, C, block * block)
+    def blocks(a: torch.Tensor) -> torch.Tensor:  # a view (hb, wb, C, block, block): no copy of a large image
+        a = a[:, : hb * block, : wb * block]
+        return a.unflatten(1, (hb, block)).unflatten(3, (wb, block)).permute(1, 3, 0, 2, 4)
 
-    Yb, Xb, Rb = blocks(noisy), blocks(noisy - residual), blocks(residual)
-    activity = Xb.var(-1, unbiased=False).sum(-1)
+    Xv = blocks(noisy - residual)
+    # the blocks are ranked in the images' precision and only the chosen ones copied, in float64
+    activity = Xv.var((-2, -1), unbiased=False).sum(-1).flatten()
     chosen = torch.argsort(activity, stable=True)[: max(1, int(share * len(activity)))]
-    D, E, V = (b[chosen] - b[chosen].mean(-1, keepdim=True) for b in (Yb, Rb, Xb))
+    rows, cols = chosen // wb, chosen % wb
+    Yb, Rb, Xb = (b[rows, cols].double().flatten(-2) for b in (blocks(noisy), blocks(residual), Xv))
+    D, E, V = (b - b.mean(-1, keepdim=True) for b in (Yb, Rb, Xb))
     count = D.shape[0] * D.shape[2]
     C_y, C_r = (torch.einsum("nip,njp->ij", a, a) / count for a in (D, E))
     V = V.reshape(*V.shape[:2], block, block)
     right, down = (V[..., 2:], V[..., :-2]), (V[..., 2:, :], V[..., :-2, :])
     lag2 = sum((a * b).sum() for a, b in (right, down)) / sum((a * a).sum() for a, _ in (right, down)).clamp_min(1e-300)
-    return C_y, C_r, float(activity[chosen].mean() / C_y.trace().clamp_min(1e-300)), float(lag2)
+    kept = Xb.var(-1, unbiased=False).sum(-1).mean()
+    return C_y, C_r, float(kept / C_y.trace().clamp_min(1e-300)), float(lag2)
 
 
 def flat_block_recolour(
