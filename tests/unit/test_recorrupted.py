@@ -555,3 +555,66 @@ def test_flat_block_recolour_reads_noise_kept_by_the_read_out_but_not_smooth_det
     _, _, activity_d, lag2_d = flat_block_covariances(Yd, Rd, 16, 0.1)
     assert activity_d == pytest.approx(activity, abs=0.05) and lag2_d > 0.5
     assert not flat_block_recolour(Yd, Rd, noise_like=(0.3, 0.2))[1]
+
+
+def test_lag_correlation_of_white_smooth_and_alternating_images(rng):
+    from indeed_cli.tasks.adaptation.recorrupted import lag_correlation
+
+    white = torch.from_numpy(rng.standard_normal((1, 96, 96)))
+    assert abs(lag_correlation(white, 3)) < 0.05
+    ramp = torch.linspace(0, 1, 96, dtype=torch.float64).expand(1, 96, 96) + torch.linspace(0, 1, 96)[:, None]
+    assert lag_correlation(ramp, 3) > 0.9
+    diff = white[..., 3:] - white[..., :-3]  # w(x + 3) - w(x) along rows: -0.5 there, 0 down the columns
+    assert lag_correlation(diff, 3) == pytest.approx(-0.25, abs=0.04)
+
+
+def test_gray_luminance_recolour_adds_the_missing_grey_variance(rng):
+    """Eq. (gray-luminance recolouring): R keeps its spatial structure and takes the gray model's
+    luminance variance along the grey direction, where that is larger and not detail-like."""
+    from indeed_cli.tasks.adaptation.recorrupted import gray_luminance_recolour
+
+    n = rng.standard_normal((3, 64, 64))
+    grey = 0.1 * rng.standard_normal((1, 64, 64))
+    chroma = torch.from_numpy((np.stack([n[0] - n[1], n[1] - n[2], n[2] - n[0]]) + grey) * 0.02)  # little luminance
+    lum = torch.from_numpy(0.03 * rng.standard_normal((1, 64, 64)))
+    out, changed = gray_luminance_recolour(chroma, lum)
+    assert changed
+    mean = out.mean((1, 2), keepdim=True)
+    assert float((out - mean).mean(0).square().mean()) == pytest.approx(float((lum - lum.mean()).square().mean()))
+    # the added variance is grey: the channel differences vary as R's did
+    for i, j in ((0, 1), (1, 2), (0, 2)):
+        assert float((out[i] - out[j]).var()) == pytest.approx(float((chroma[i] - chroma[j]).var()), rel=1e-6)
+    assert not gray_luminance_recolour(chroma, 1e-4 * lum)[1]  # R already holds that much luminance
+    detail = lum[..., 3:] - lum[..., :-3]  # anti-correlated at lag 3, as the detail lost at stride 3 is
+    assert not gray_luminance_recolour(chroma[..., 3:], detail)[1]
+    assert gray_luminance_recolour(chroma[..., 3:], detail, min_lag3=-1.0)[1]
+    assert not gray_luminance_recolour(chroma[:1], lum)[1]  # gray images: nothing to recolour
+
+
+def test_gate_takes_the_gray_models_luminance_where_the_flat_blocks_left_r(monkeypatch, rng):
+    """recorruption_gates: with GRAY_LUMINANCE, an admitted colour image that the flat-block rule left
+    alone gets the gray model's luminance residual's variance; without it, R as read out."""
+    import indeed_cli.tasks.adaptation.runner as runner
+
+    image = rng.random((3, 48, 48)).astype(np.float32)
+    R = (0.01 * rng.standard_normal((3, 48, 48))).astype(np.float32)
+    r = (0.05 * rng.standard_normal((1, 48, 48))).astype(np.float32)
+
+    def readouts(ckpt, images, stride, opts=None, keep_on_device=False):
+        got = r if stride == runner.GRAY_LUMINANCE_STRIDE else R
+        return [(torch.from_numpy(got) if keep_on_device else got, 0.5) for _ in images]
+
+    monkeypatch.setattr(runner, "shuffled_residuals", readouts)
+    monkeypatch.setattr(runner, "_gray_model", lambda device: object())
+    monkeypatch.setattr(runner, "FLAT_RECOLOUR", False)
+    m = tiny_model(3)
+    ckpt = Checkpoint(m, m.cfg, {}, {}, "tiny")
+    monkeypatch.setattr(runner, "GRAY_LUMINANCE", False)
+    ((admitted, _, plain),) = runner.recorruption_gates(ckpt, [image], keep_on_device=False)
+    assert admitted and np.array_equal(plain, R)
+    monkeypatch.setattr(runner, "GRAY_LUMINANCE", True)
+    ((_, _, raised),) = runner.recorruption_gates(ckpt, [image], keep_on_device=False)
+    assert raised.mean(0).var() == pytest.approx(r.var(), rel=1e-3)
+    monkeypatch.setattr(runner, "_gray_model", lambda device: None)  # no gray model: R as read out
+    ((_, _, kept),) = runner.recorruption_gates(ckpt, [image], keep_on_device=False)
+    assert np.array_equal(kept, R)

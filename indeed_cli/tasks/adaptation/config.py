@@ -129,6 +129,17 @@ FLAT_MIN_RATIO = 1.6
 # out (CPU, fp32) it recoloured 3 more of 456 inputs (+1.27 to +1.58 dB) and nothing else.  None: the
 # first rule alone.
 FLAT_NOISE_LIKE: tuple[float, float] | None = (0.3, 0.2)
+# The noise's luminance from the bundled gray model (recorrupted.gray_luminance_recolour, Eq.
+# gray-luminance recolouring), for admitted colour images the flat-block recolouring left alone: the
+# gray model, trained on white noise, removes the luminance noise of the luminance image's stride-3
+# sub-images that the colour model reads as grey texture.  On development crops under heavy
+# Malvar-He-Cutler camera noise OAG gained +2.35 / +6.57 dB over plain with it against +1.04 / +2.76
+# (one H200, fp32); GRAY_LUMINANCE_MIN_LAG3 keeps it off textured crops whose stride-3 read-out loses
+# detail.  Held out (OAG, CPU, fp32) it added +1.14 / +2.79 dB under heavy MHC noise but cost single crops
+# under light noise or none up to 6.29 dB, so it is off (docs/reports/2026-12-04-noise-left-in-flat-regions.md).
+GRAY_LUMINANCE = False
+GRAY_LUMINANCE_STRIDE = 3
+GRAY_LUMINANCE_MIN_LAG3 = -0.1
 # InDeedOAG runs the recorrupted objective where the ELBO kept an image's starting weights ("auto"):
 # held out (384 x 384 crops, synthetic camera noise, one NVIDIA H200, fp32) it gained +0.7 to +4.1 dB
 # over plain where the ELBO alone gained nothing, left PolyU100 as it was (37.36 dB on the scene-test

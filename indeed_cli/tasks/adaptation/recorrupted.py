@@ -24,7 +24,14 @@ from __future__ import annotations
 
 import torch
 
-from .config import FLAT_BLOCK, FLAT_MAX_ACTIVITY, FLAT_MIN_RATIO, FLAT_NOISE_LIKE, FLAT_SHARE
+from .config import (
+    FLAT_BLOCK,
+    FLAT_MAX_ACTIVITY,
+    FLAT_MIN_RATIO,
+    FLAT_NOISE_LIKE,
+    FLAT_SHARE,
+    GRAY_LUMINANCE_MIN_LAG3,
+)
 
 SPECTRUM_BLOCK = 32  # pixels: the blocks the cross-spectrum is averaged over
 SPECTRUM_LAG = 6  # pixels: the noise's autocovariance is kept (tapered) up to this lag
@@ -190,6 +197,41 @@ def flat_block_recolour(
         return residual, False
     eye = 1e-12 * torch.eye(3, dtype=C_y.dtype, device=C_y.device)
     W = torch.linalg.cholesky(C_y + eye) @ torch.linalg.inv(torch.linalg.cholesky(C_r + eye))
+    return (W.to(residual.dtype) @ residual.reshape(3, -1)).reshape(residual.shape), True
+
+
+def lag_correlation(image: torch.Tensor, lag: int) -> float:
+    """The correlation of a (C, h, w) image about its mean with itself ``lag`` pixels along rows and
+    columns, pooled (float64)."""
+    a = image.double() - image.double().mean()
+    pairs = (a[..., lag:] * a[..., :-lag]).sum() + (a[..., lag:, :] * a[..., :-lag, :]).sum()
+    return float(pairs / (2 * a.square().sum()).clamp_min(1e-300))
+
+
+def gray_luminance_recolour(
+    residual: torch.Tensor, luminance_residual: torch.Tensor, min_lag3: float = GRAY_LUMINANCE_MIN_LAG3
+) -> tuple[torch.Tensor, bool]:
+    """Eq. (gray-luminance recolouring): the gate's residual R (3, h, w) given the luminance variance
+    that the gray model's pixel-shuffled read-out of the image's luminance (the channels' mean) left
+    in its residual r (1, h, w), σ_g², where that is more than R's own luminance variance
+    σ_ℓ² = 1ᵀ C_R 1 / 9 and r's lag-3 correlation is at least ``min_lag3`` (lower: r alternates with
+    the stride-3 sub-images, detail the read-out lost, not noise): R ← chol(C) chol(C_R)⁻¹ R with
+    C = C_R + (σ_g² − σ_ℓ²) 1 1ᵀ, which adds the missing variance along the grey direction and keeps
+    R's spatial structure.  Returns (R', recoloured?)."""
+    if residual.shape[0] != 3:
+        return residual, False
+    r = luminance_residual.double()
+    sigma_g2 = float((r - r.mean()).square().mean())
+    R = residual.reshape(3, -1).double()
+    R = R - R.mean(1, keepdim=True)
+    C_r = R @ R.T / R.shape[1]
+    one = torch.ones(3, dtype=C_r.dtype, device=C_r.device)
+    sigma_l2 = float(one @ C_r @ one) / 9
+    if sigma_g2 <= sigma_l2 or lag_correlation(r, 3) < min_lag3:
+        return residual, False
+    eye = 1e-12 * torch.eye(3, dtype=C_r.dtype, device=C_r.device)
+    C = C_r + (sigma_g2 - sigma_l2) * torch.outer(one, one)
+    W = torch.linalg.cholesky(C + eye) @ torch.linalg.inv(torch.linalg.cholesky(C_r + eye))
     return (W.to(residual.dtype) @ residual.reshape(3, -1)).reshape(residual.shape), True
 
 

@@ -27,7 +27,7 @@ import torch.distributed as tdist
 from torch.func import vmap
 
 from ...inference import InferenceOptions, TileGrid, as_model_channels, shuffled_residuals
-from ...model import Checkpoint
+from ...model import Checkpoint, CheckpointError, load_checkpoint, resolve_weights
 from ..ood import image_ood_score
 from .config import (
     AG_DEFAULTS,
@@ -38,6 +38,8 @@ from .config import (
     FLAT_NOISE_LIKE,
     FLAT_RECOLOUR,
     FLAT_SHARE,
+    GRAY_LUMINANCE,
+    GRAY_LUMINANCE_STRIDE,
     OAG_DEFAULTS,
     R2R_BATCH,
     R2R_EVAL_DRAWS,
@@ -64,6 +66,7 @@ from .recorrupted import (
     coloured,
     correlated_noise,
     flat_block_recolour,
+    gray_luminance_recolour,
     noise_gain,
     noise_spectrum,
     recorrupted_pair,
@@ -225,16 +228,55 @@ def recorruption_gates(
     device = next(ckpt.model.parameters()).device
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
         residuals = shuffled_residuals(ckpt, chunk, R2R_SHUFFLE, keep_on_device=keep_on_device)
-        for im, (residual, c) in zip(chunk, residuals):
+        start, unchanged = len(gated), []
+        for i, (im, (residual, c)) in enumerate(zip(chunk, residuals)):
             admitted = c >= R2R_MIN_CORRELATION
+            changed = False
             if admitted and FLAT_RECOLOUR:  # noise the residual missed (Eq. flat-block recolouring)
                 R = torch.as_tensor(residual).to(device)
                 R, changed = flat_block_recolour(torch.as_tensor(im).to(device), R, FLAT_BLOCK, FLAT_SHARE,
                                                  FLAT_MAX_ACTIVITY, FLAT_MIN_RATIO, FLAT_NOISE_LIKE)  # fmt: skip
                 if changed:
                     residual = R if keep_on_device else R.cpu().numpy()
+            if admitted and not changed and np.shape(im)[0] == 3:
+                unchanged.append(i)
             gated.append((admitted, c, residual))
+        if GRAY_LUMINANCE and unchanged:
+            _gray_luminance(gated, start, [chunk[i] for i in unchanged], unchanged, device, keep_on_device)
     return gated
+
+
+def _gray_luminance(gated: list, start: int, images: list, where: list[int], device, keep_on_device: bool) -> None:
+    """Eq. (gray-luminance recolouring) in place on ``gated[start + i]`` for ``i`` in ``where``: the
+    bundled gray model's pixel-shuffled read-out of each image's luminance (the images of one size
+    together), where it fits; nothing where the gray model is not available."""
+    gray = _gray_model(device)
+    if gray is None:
+        return
+    lums = [np.asarray(im, dtype=np.float32).mean(0, keepdims=True) for im in images]
+    fits = [k for k, lum in enumerate(lums) if min(lum.shape[-2:]) >= 8 * GRAY_LUMINANCE_STRIDE]
+    if not fits:
+        return
+    found = shuffled_residuals(gray, [lums[k] for k in fits], GRAY_LUMINANCE_STRIDE, keep_on_device=True)
+    for k, (r, _) in zip(fits, found):
+        admitted, c, residual = gated[start + where[k]]
+        R, changed = gray_luminance_recolour(torch.as_tensor(residual).to(device), r)
+        if changed:
+            gated[start + where[k]] = (admitted, c, R if keep_on_device else R.cpu().numpy())
+
+
+_GRAY_MODELS: dict[str, Checkpoint | None] = {}
+
+
+def _gray_model(device: torch.device) -> Checkpoint | None:
+    """The bundled gray denoiser on ``device``, loaded once per device (None if it cannot be read)."""
+    key = str(device)
+    if key not in _GRAY_MODELS:
+        try:
+            _GRAY_MODELS[key] = load_checkpoint(resolve_weights(None, 1), device)
+        except (CheckpointError, OSError):
+            _GRAY_MODELS[key] = None
+    return _GRAY_MODELS[key]
 
 
 GATE_PIXELS = 2**25  # pixels of the images whose gate read-outs are made together (32 of 1024x1024)
