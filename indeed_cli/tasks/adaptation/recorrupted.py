@@ -195,9 +195,15 @@ def flat_block_recolour(
     flat = activity <= max_activity or (noise_like is not None and activity <= noise_like[0] and lag2 <= noise_like[1])
     if not (flat and float(C_y.trace()) >= min_ratio * float(C_r.trace()) > 0):
         return residual, False
-    eye = 1e-12 * torch.eye(3, dtype=C_y.dtype, device=C_y.device)
-    W = torch.linalg.cholesky(C_y + eye) @ torch.linalg.inv(torch.linalg.cholesky(C_r + eye))
-    return (W.to(residual.dtype) @ residual.reshape(3, -1)).reshape(residual.shape), True
+    return recoloured(residual, C_r, C_y), True
+
+
+def recoloured(residual: torch.Tensor, current: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The residual R (C, h, w) mapped by W = chol(target) chol(current)⁻¹, so that a channel
+    covariance ``current`` becomes ``target`` (W current Wᵀ = target) and R's spatial structure stays."""
+    eye = 1e-12 * torch.eye(current.shape[0], dtype=current.dtype, device=current.device)
+    W = torch.linalg.cholesky(target + eye) @ torch.linalg.inv(torch.linalg.cholesky(current + eye))
+    return (W.to(residual.dtype) @ residual.reshape(residual.shape[0], -1)).reshape(residual.shape)
 
 
 def lag_correlation(image: torch.Tensor, lag: int) -> float:
@@ -229,10 +235,7 @@ def gray_luminance_recolour(
     sigma_l2 = float(one @ C_r @ one) / 9
     if sigma_g2 <= sigma_l2 or lag_correlation(r, 3) < min_lag3:
         return residual, False
-    eye = 1e-12 * torch.eye(3, dtype=C_r.dtype, device=C_r.device)
-    C = C_r + (sigma_g2 - sigma_l2) * torch.outer(one, one)
-    W = torch.linalg.cholesky(C + eye) @ torch.linalg.inv(torch.linalg.cholesky(C_r + eye))
-    return (W.to(residual.dtype) @ residual.reshape(3, -1)).reshape(residual.shape), True
+    return recoloured(residual, C_r, C_r + (sigma_g2 - sigma_l2) * torch.outer(one, one)), True
 
 
 def recorrupted_pair(Y: torch.Tensor, z: torch.Tensor, alpha: float = ALPHA) -> tuple[torch.Tensor, torch.Tensor]:
