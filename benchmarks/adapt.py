@@ -406,6 +406,12 @@ def main() -> None:
         "ag-* elbo)",
     )
     ap.add_argument(
+        "--recorruption-level",
+        choices=["rms", "robust"],
+        default="rms",
+        help="the recorrupted objective's noise level (AdaptConfig.recorruption_level; default rms)",
+    )
+    ap.add_argument(
         "--noise-bound", type=float, default=None, help="discrepancy bound; 0: none (default: ag-* none, oag 1.25)"
     )
     ap.add_argument("--patience", type=int, default=None, help="default: 0 (never) for ag-*, 6 for oag")
@@ -472,6 +478,7 @@ def main() -> None:
             min_change_ratio=a.min_change_ratio,
             image_noise_bound=a.image_noise_bound,
             objective=a.objective,
+            recorruption_level=a.recorruption_level,
             patience=a.patience,
             keep=a.keep,
             precision=a.precision,

@@ -110,6 +110,16 @@ def adapt_cmd(
             "(signal; oag default) or is one level per image (stationary; ag default).",
         ),
     ] = None,
+    recorruption_level: Annotated[
+        str,
+        typer.Option(
+            "--recorruption-level",
+            metavar="rms|robust",
+            help="recorrupted objective: the level of the noise it draws, the RMS of the noise estimate (rms, "
+            "default) or a robust level read off its medians (robust: fewer single images lose on textured "
+            "photographs under light noise, less gain on smooth ones under heavy noise).",
+        ),
+    ] = "rms",
     recorrupted_tile: Annotated[
         int | None,
         typer.Option(
@@ -185,6 +195,7 @@ def adapt_cmd(
         image_noise_bound=image_noise_bound,
         objective=objective,
         recorruption_noise=recorruption_noise,
+        recorruption_level=recorruption_level,
         recorrupted_tile=recorrupted_tile,
         noise_precision=noise_precision,
         precision=run.precision,

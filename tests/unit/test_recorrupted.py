@@ -618,3 +618,52 @@ def test_gate_takes_the_gray_models_luminance_where_the_flat_blocks_left_r(monke
     monkeypatch.setattr(runner, "_gray_model", lambda device: None)  # no gray model: R as read out
     ((_, _, kept),) = runner.recorruption_gates(ckpt, [image], keep_on_device=False)
     assert np.array_equal(kept, R)
+
+
+def test_robust_noise_level_is_the_rms_of_noise_and_below_it_where_the_residual_holds_detail(rng):
+    """Eq. (robust noise level): Gaussian noise whose level follows the intensity gives about its RMS
+    (the count-weighted mean square of the bins' median-based scales); sparse large values (detail lost
+    at edges) raise the RMS far more than the level; the scale on R is min(1, level / RMS)."""
+    from indeed_cli.tasks.adaptation.recorrupted import robust_level_scale, robust_noise_level
+
+    x = rng.uniform(0, 1, (3, 128, 128))
+    noise = rng.standard_normal((3, 128, 128)) * (0.01 + 0.04 * x)  # signal-dependent
+    rms = float(np.sqrt(np.mean(noise**2)))
+    assert robust_noise_level(x, noise) == pytest.approx(rms, rel=0.03)
+    detail = noise.copy()
+    edge = rng.uniform(size=noise.shape) < 0.05
+    detail[edge] += 0.5 * rng.choice([-1, 1], size=int(edge.sum()))
+    level = robust_noise_level(x, detail)
+    assert level < 1.15 * rms < float(np.sqrt(np.mean(detail**2))) / 2
+    # the scale reads intensities off Y - R, and never raises R
+    assert robust_level_scale(x + detail, detail) == pytest.approx(level / float(np.sqrt(np.mean(detail**2))))
+    assert robust_level_scale(x + noise, 0.5 * rng.standard_normal((3, 128, 128)) ** 3) < 1.0
+    assert robust_level_scale(x, np.zeros_like(x)) == 1.0
+    tiny = np.full((3, 4, 4), 0.5)  # fewer pixels than bins: one pixel a bin
+    assert robust_level_scale(tiny + 0.01, np.full((3, 4, 4), 0.01)) == pytest.approx(1.0)
+
+
+def test_the_gate_scales_admitted_residuals_to_the_robust_level(rng, monkeypatch):
+    """recorruption_gates(level="robust"): an admitted image's residual is the rms gate's times
+    robust_level_scale (after the recolouring); a refused image's is left as it is; AdaptConfig checks
+    the name."""
+    from indeed_cli.tasks.adaptation import runner
+    from indeed_cli.tasks.adaptation.recorrupted import robust_level_scale
+
+    y = rng.uniform(0.2, 0.8, (3, 64, 64)).astype(np.float32)
+    r = (0.02 * rng.standard_normal((3, 64, 64)) ** 3).astype(np.float32)  # heavy-tailed: scale < 1
+    _gate_readout(monkeypatch, lambda ys: [y - r for _ in ys])
+    monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", -1.0)
+    monkeypatch.setattr(runner, "FLAT_RECOLOUR", False)
+    ck = _ckpt()
+    ((ok, _, plain),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
+    ((_, _, scaled),) = runner.recorruption_gates(ck, [y], keep_on_device=False, level="robust")
+    s = robust_level_scale(y, plain)
+    assert ok and s < 0.9
+    np.testing.assert_allclose(scaled, s * plain, rtol=1e-6)
+    monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", 2.0)  # refused
+    ((ok, _, left),) = runner.recorruption_gates(ck, [y], keep_on_device=False, level="robust")
+    assert not ok
+    np.testing.assert_allclose(left, r, atol=1e-7)
+    with pytest.raises(ValueError, match="recorruption_level"):
+        AdaptConfig(recorruption_level="median").check()

@@ -136,6 +136,36 @@ def noise_gain(level_of, residual, bins: int = GAIN_BINS, device: torch.device |
     return (sd / sd.square().mean(1, keepdim=True).sqrt()).reshape(shape)
 
 
+def robust_noise_level(level_of, residual, bins: int = GAIN_BINS) -> float:
+    """Eq. (robust noise level): the noise's RMS read robustly off a (C, h, w) ``residual`` R (array or
+    tensor) whose pixels are sorted by the intensity ``level_of`` (the read-out X_ps2): per channel, the
+    pixels in ``bins`` bins of equal count (numpy's array_split of the sorted order), in each bin the
+    median of |R| over 0.6745 (a Gaussian's standard deviation from its median absolute value), and
+    the count-weighted mean square of those; the square root of its mean over the channels.  Noise
+    alone gives about R's RMS; detail in R (large values at few pixels) moves the medians little, so
+    where R holds lost detail it is below the RMS."""
+    x = torch.as_tensor(level_of).detach().double().reshape(len(level_of), -1)
+    r = torch.as_tensor(residual).detach().to(x.device).double().abs().reshape(len(x), -1)
+    squares = []
+    for xc, rc in zip(x, r):
+        parts = torch.tensor_split(torch.argsort(xc, stable=True), min(bins, len(xc)))
+        med = torch.stack([torch.quantile(rc[p], 0.5) / 0.6745 for p in parts])
+        count = torch.tensor([len(p) for p in parts], dtype=torch.float64, device=x.device)
+        squares.append(float((med.square() * count).sum() / count.sum()))
+    return float(sum(squares) / len(squares)) ** 0.5
+
+
+def robust_level_scale(noisy, residual, bins: int = GAIN_BINS) -> float:
+    """Eq. (robust noise level)'s factor on R: min(1, robust level / RMS of R), with the intensities
+    of the read-out X_ps2 = Y - R (``noisy`` Y, (C, h, w))."""
+    r = torch.as_tensor(residual).detach().double()
+    rms = float(r.square().mean().sqrt())
+    if rms <= 0:
+        return 1.0
+    level_of = torch.as_tensor(noisy).detach().to(r.device).double() - r
+    return min(1.0, robust_noise_level(level_of, r, bins) / rms)
+
+
 def flat_block_covariances(
     noisy: torch.Tensor, residual: torch.Tensor, block: int, share: float
 ) -> tuple[torch.Tensor, torch.Tensor, float, float] | None:

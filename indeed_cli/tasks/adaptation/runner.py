@@ -70,6 +70,7 @@ from .recorrupted import (
     noise_gain,
     noise_spectrum,
     recorrupted_pair,
+    robust_level_scale,
     spectrum_root,
 )
 from .stopping import EarlyStopping
@@ -208,7 +209,7 @@ def _run_jobs(model, names: list[str], frozen: dict, jobs: list[dict], cfg: Adap
 
 
 def recorruption_gates(
-    ckpt: Checkpoint, images: list[np.ndarray], keep_on_device: bool = True
+    ckpt: Checkpoint, images: list[np.ndarray], keep_on_device: bool = True, level: str = "rms"
 ) -> list[tuple[bool, float, torch.Tensor | np.ndarray]]:
     """Per image: whether the recorrupted objective may run on it (Eq. recorruption gate), the
     lag-1 correlation it was decided by, and the noise estimate the objective would use: the
@@ -223,7 +224,8 @@ def recorruption_gates(
     made together, and their guard, residual and correlation computed on the model's device
     (:func:`~indeed_cli.inference.shuffled_residuals`: five small read-outs per image cost OAG a third
     of its time on a GPU when made one by one), in fp32 whatever the adaptation's precision (in bf16
-    they were no faster on an H200)."""
+    they were no faster on an H200).  ``level`` "robust": each admitted image's residual, recoloured or
+    not, scaled down to Eq. (robust noise level) (AdaptConfig.recorruption_level)."""
     gated = []
     device = next(ckpt.model.parameters()).device
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
@@ -243,6 +245,11 @@ def recorruption_gates(
             gated.append((admitted, c, residual))
         if GRAY_LUMINANCE and unchanged:
             _gray_luminance(gated, start, [chunk[i] for i in unchanged], unchanged, device, keep_on_device)
+        if level == "robust":  # after the recolouring: the level of the residual z is drawn from
+            for i, im in enumerate(chunk, start):
+                admitted, c, residual = gated[i]
+                if admitted:
+                    gated[i] = (admitted, c, residual * robust_level_scale(im, residual))
     return gated
 
 
@@ -413,7 +420,7 @@ def adapt_recorrupted(
         r2r = replace(r2r, batch=R2R_BATCH)
     flat = [im for images in image_sets for im in images]
     on_device = fits_on_device(flat)
-    gated = recorruption_gates(ckpt, flat, on_device)  # every image's read-outs together
+    gated = recorruption_gates(ckpt, flat, on_device, r2r.recorruption_level)  # every image's read-outs together
     levels = iter(
         recorruption_levels(flat, gated, device, on_device)
         if r2r.recorruption_noise == "signal"
