@@ -136,20 +136,30 @@ def noise_gain(level_of, residual, bins: int = GAIN_BINS, device: torch.device |
     return (sd / sd.square().mean(1, keepdim=True).sqrt()).reshape(shape)
 
 
+def _median(v: torch.Tensor) -> torch.Tensor:
+    """numpy's median of a 1-D tensor (the mean of the two middle values of an even count), by
+    kthvalue, which has no input size limit (torch.quantile refuses more than 2**24 values)."""
+    n = len(v)
+    lo = torch.kthvalue(v, (n + 1) // 2).values
+    return lo if n % 2 else (lo + torch.kthvalue(v, n // 2 + 1).values) / 2
+
+
 def robust_noise_level(level_of, residual, bins: int = GAIN_BINS) -> float:
     """Eq. (robust noise level): the noise's RMS read robustly off a (C, h, w) ``residual`` R (array or
     tensor) whose pixels are sorted by the intensity ``level_of`` (the read-out X_ps2): per channel, the
     pixels in ``bins`` bins of equal count (numpy's array_split of the sorted order), in each bin the
     median of |R| over 0.6745 (a Gaussian's standard deviation from its median absolute value), and
     the count-weighted mean square of those; the square root of its mean over the channels.  Noise
-    alone gives about R's RMS; detail in R (large values at few pixels) moves the medians little, so
-    where R holds lost detail it is below the RMS."""
+    alone gives about R's RMS; detail in R has heavier tails than noise and moves the medians less than
+    the RMS, so where R holds lost detail it is below the RMS (not down to the noise: on textured
+    development crops it removed a fifth to a quarter of the excess,
+    docs/reports/2026-12-04-recorruption-noise-level.md)."""
     x = torch.as_tensor(level_of).detach().double().reshape(len(level_of), -1)
     r = torch.as_tensor(residual).detach().to(x.device).double().abs().reshape(len(x), -1)
     squares = []
     for xc, rc in zip(x, r):
         parts = torch.tensor_split(torch.argsort(xc, stable=True), min(bins, len(xc)))
-        med = torch.stack([torch.quantile(rc[p], 0.5) / 0.6745 for p in parts])
+        med = torch.stack([_median(rc[p]) / 0.6745 for p in parts])
         count = torch.tensor([len(p) for p in parts], dtype=torch.float64, device=x.device)
         squares.append(float((med.square() * count).sum() / count.sum()))
     return float(sum(squares) / len(squares)) ** 0.5
