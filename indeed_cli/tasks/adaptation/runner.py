@@ -245,7 +245,7 @@ def recorruption_gates(
             gated.append((admitted, c, residual))
         if GRAY_LUMINANCE and unchanged:
             _gray_luminance(gated, start, [chunk[i] for i in unchanged], unchanged, device, keep_on_device)
-        if level == "robust":  # after the recolouring: the level of the residual z is drawn from
+        if level == "robust":  # after both recolourings, so that z is drawn from the scaled residual
             for i, im in enumerate(chunk, start):
                 admitted, c, residual = gated[i]
                 if admitted:
