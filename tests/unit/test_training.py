@@ -18,6 +18,7 @@ from indeed_cli.tasks.training import (
     has_state,
     load_state,
     lr_at,
+    noise_levels,
     save_state,
     training_loss,
 )
@@ -36,6 +37,20 @@ def test_noise_levels_and_clipping():
     noisy, _ = add_noise(clean, 75.0, 1.0, g)
     assert noisy.min() >= 0 and noisy.max() <= 1
     assert torch.allclose(noisy * 255, torch.round(noisy * 255), atol=1e-4)
+
+
+def test_noise_level_power_moves_patches_to_low_noise():
+    # P(sigma <= s) = (s / max)^(1 / power): the empirical share at a third of the range, and the
+    # uniform levels of power 1 drawn exactly as before the option existed
+    for power, expected in [(1.0, 1 / 3), (2.0, (1 / 3) ** 0.5), (3.0, (1 / 3) ** (1 / 3))]:
+        s = noise_levels(20000, 60.0, power, torch.Generator().manual_seed(0)) * 255
+        assert (s > 0).all() and (s <= 60.0 + 1e-4).all()
+        assert float((s <= 20.0).float().mean()) == pytest.approx(expected, abs=0.015)
+    g = torch.Generator().manual_seed(3)
+    uniform = (1.0 - torch.rand(64, generator=g)) * 60.0 / 255.0
+    assert torch.equal(noise_levels(64, 60.0, 1.0, torch.Generator().manual_seed(3)), uniform)
+    with pytest.raises(ValueError, match="sigma-power"):
+        TrainConfig(sigma_power=0.0).check()
 
 
 def test_patch_sampler_is_seeded_and_refuses_small_images():

@@ -4,7 +4,7 @@ from .batches import denoise_batch, detect_batch_fn
 from .config import TrainConfig, lr_at
 from .data import PatchSampler, image_pyramid, list_images, load_images, pad_to
 from .loop import run_training
-from .noise import add_noise
+from .noise import add_noise, noise_levels
 from .objective import LossWeights, noise_level_weights, patch_precision_weights, training_loss
 from .recipes import RECIPES, Recipe, recipe
 from .state import export_state, has_state, load_state, read_state_metadata, save_state
@@ -17,6 +17,7 @@ __all__ = [
     "Recipe",
     "TrainConfig",
     "add_noise",
+    "noise_levels",
     "denoise_batch",
     "detect_batch_fn",
     "export_state",

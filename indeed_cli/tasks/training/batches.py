@@ -64,7 +64,7 @@ def denoise_batch(sampler: PatchSampler, n: int, tc: TrainConfig, gen: torch.Gen
     clean = sampler.sample(n)
     if tc.saturation_share > 0:
         clean = saturate(clean, tc.saturation_share, gen)
-    noisy, sigma = add_noise(clean, tc.sigma_max, tc.clip_prob, gen)
+    noisy, sigma = add_noise(clean, tc.sigma_max, tc.clip_prob, gen, tc.sigma_power)
     if tc.camera_share > 0:
         on_cpu = torch.rand(n, generator=gen) < tc.camera_share  # counted here: no device sync per step
         k = int(on_cpu.sum())

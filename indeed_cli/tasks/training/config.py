@@ -18,6 +18,8 @@ class TrainConfig:
     lr_min: float = 1e-6
     warmup: int = 300
     sigma_max: float = 75.0  # AWGN sigma ~ U(0, sigma_max] / 255 per patch (paper §4.1)
+    # sigma = sigma_max * u^sigma_power, u ~ U(0, 1] (noise.noise_levels); 1 = the paper's uniform level
+    sigma_power: float = 1.0
     clip_prob: float = 0.5  # share of patches clipped to [0,1] and quantised to 8 bits
     camera_share: float = 0.0  # denoise, colour: share of patches with camera noise instead of AWGN
     saturation_share: float = 0.0  # denoise, colour: share of clean patches with chroma scaled up (batches.saturate)
@@ -38,6 +40,8 @@ class TrainConfig:
 
     def check(self) -> None:
         """Settings that cannot go together (raised before any data is loaded or trained on)."""
+        if self.sigma_power <= 0:
+            raise ValueError(f"--sigma-power must be above 0, got {self.sigma_power}")
         if not 0.0 <= self.camera_share <= 1.0:
             raise ValueError(f"--camera-noise must be a share between 0 and 1, got {self.camera_share}")
         if self.camera_share and self.task != "denoise":

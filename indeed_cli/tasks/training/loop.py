@@ -161,6 +161,7 @@ def _train(
         "batch": tc.batch,
         "patch": tc.patch,
         "sigma_max": tc.sigma_max,
+        "sigma_power": tc.sigma_power,
         "clip_prob": tc.clip_prob,
         "camera_share": tc.camera_share,
         "saturation_share": tc.saturation_share,
