@@ -412,6 +412,13 @@ def main() -> None:
         help="the recorrupted objective's noise level (AdaptConfig.recorruption_level; default rms)",
     )
     ap.add_argument(
+        "--recorrupted-steps",
+        type=int,
+        default=None,
+        help="the recorrupted adaptation's steps, its learning rate scaled by 20/N (AdaptConfig.recorrupted_steps; "
+        "default 20)",
+    )
+    ap.add_argument(
         "--noise-bound", type=float, default=None, help="discrepancy bound; 0: none (default: ag-* none, oag 1.25)"
     )
     ap.add_argument("--patience", type=int, default=None, help="default: 0 (never) for ag-*, 6 for oag")
@@ -479,6 +486,7 @@ def main() -> None:
             image_noise_bound=a.image_noise_bound,
             objective=a.objective,
             recorruption_level=a.recorruption_level,
+            recorrupted_steps=a.recorrupted_steps,
             patience=a.patience,
             keep=a.keep,
             precision=a.precision,

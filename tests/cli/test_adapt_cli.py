@@ -77,6 +77,8 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
     assert code == 2 and "noise-bound" in err and not (tmp_path / "o4").exists()
     code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o5", "--recorrupted-tile", "-1")
     assert code == 2 and "recorrupted-tile" in err and not (tmp_path / "o5").exists()
+    code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o6", "--recorrupted-steps", "0")
+    assert code == 2 and "recorrupted-steps" in err and not (tmp_path / "o6").exists()
 
 
 def test_adapt_denoised_only_writes_just_the_image(run_cli, tmp_path, rng, ckpt_paths):

@@ -420,6 +420,32 @@ def test_recorrupted_tile_and_batch_settings_reach_its_job(rng, monkeypatch):
         AdaptConfig(recorrupted_tile=-1).check()
 
 
+def test_recorrupted_steps_scale_the_learning_rate_and_reach_the_loop(rng, monkeypatch):
+    """Eq. (recorrupted steps): N steps at lr * R2R_STEPS / N; the loop runs exactly N and evaluates the last."""
+    from dataclasses import replace
+
+    from indeed_cli.tasks.adaptation import config, runner
+
+    assert config.recorrupted_steps_and_lr(AdaptConfig(lr=3e-5)) == (config.R2R_STEPS, 3e-5)
+    steps, lr = config.recorrupted_steps_and_lr(AdaptConfig(lr=3e-5, recorrupted_steps=config.R2R_STEPS // 2))
+    assert steps == config.R2R_STEPS // 2 and lr == pytest.approx(6e-5)
+    _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
+    seen = []
+    loop = runner._adapt_group
+
+    def spy(model, names, frozen, jobs, cfg, log):
+        out = loop(model, names, frozen, jobs, cfg, log)
+        seen.append((cfg.steps, cfg.lr, [h["step"] for h in out[0][1]]))
+        return out
+
+    monkeypatch.setattr(runner, "_adapt_group", spy)
+    cfg = AdaptConfig(objective="recorrupted", lr=1e-3, recorrupted_steps=7)
+    adapt_each(_ckpt(), [_noisy(rng)], cfg, tile=32)
+    assert seen == [(7, pytest.approx(1e-3 * config.R2R_STEPS / 7), [0, 5, 7])]
+    with pytest.raises(ValueError, match="recorrupted_steps"):
+        replace(cfg, recorrupted_steps=0).check()
+
+
 @pytest.mark.parametrize("sparse_input", ["residual", "residual+lowrank"])
 def test_grouped_recorrupted_objective_equals_the_vmapped_one(rng, sparse_input):
     """K copies of f_thetaS as channels-last grouped convolutions give the vmapped objective, output
