@@ -75,15 +75,13 @@ AG_IMAGE_NOISE_BOUND = OAG_NOISE_BOUND
 # noise the ELBO adaptation leaves in place: steps, evaluations, and the fixed noise draws per
 # evaluation tile of its validation loss (docs/reports/2026-11-28-recorrupted-adaptation.md).
 R2R_STEPS = 20
-# AdaptConfig.recorrupted_steps: fewer steps for speed, each with the learning rate scaled by R2R_STEPS / steps
-# (Eq. recorrupted steps: about the distance Adam's steps travel stays).  On one NVIDIA H100, bf16, groups of 32:
-# 10 steps took OAG from 0.089-0.100 to 0.069-0.071 s per 512 x 512 image under heavy camera noise and cost
-# 0.07 dB there on held-out photographs, 0.09-0.21 dB on development crops (more under light noise, and
-# 0.22 more on photographs without noise), so 20 stays the default
-# (docs/reports/2026-12-06-oag-time-on-h100.md).
 R2R_LR = OAG_LR  # the learning rate it was chosen with, per image; AG with it uses the same
 R2R_EVAL_EVERY = 5
 R2R_EVAL_DRAWS = 2
+# Fewer steps (AdaptConfig.recorrupted_steps, recorrupted_steps_and_lr) are an option, not the default: on one
+# NVIDIA H100 (bf16, groups of 32) 10 steps took OAG from 0.089-0.100 to 0.069-0.071 s per 512 x 512 image
+# under heavy camera noise for 0.07 dB less gain on held-out photographs, but 0.09-0.21 dB less on the
+# development crops under camera noise (docs/reports/2026-12-06-oag-time-on-h100.md).
 # The recorrupted adaptation's tiles per step, for every mode and device where set; None: AdaptConfig.batch.
 # benchmarks/adapt.py sets runner's copy (runner.R2R_BATCH) per method (%TILExBATCH; the tile side is
 # AdaptConfig.recorrupted_tile).
