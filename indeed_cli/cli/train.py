@@ -86,6 +86,15 @@ def train_cmd(
             help="Noise levels sigma = max * u^P, u ~ U(0, 1]: 1 is uniform, above 1 puts more patches at low noise.",
         ),
     ] = TrainConfig.sigma_power,
+    train_only: Annotated[
+        str,
+        typer.Option(
+            "--train-only",
+            metavar="PREFIXES",
+            help="Fine-tune only the weights whose names start with one of these comma-separated prefixes "
+            "(e.g. sparse.dec,sparse.head); the others keep their --init values.",
+        ),
+    ] = "",
     clip_prob: Annotated[
         float, typer.Option("--clip-prob", metavar="SHARE", help="Share of patches clipped+quantised to 8 bits.")
     ] = TrainConfig.clip_prob,
@@ -295,6 +304,7 @@ def train_cmd(
         "lr": lr,
         "clip_prob": clip_prob,
         "sigma_power": sigma_power,
+        "train_only": tuple(p.strip() for p in train_only.split(",")) if train_only else (),
         "camera_share": camera_noise,
         "saturation_share": saturation,
         "seed": seed,

@@ -1,6 +1,7 @@
 """Training: noise model, resumable state, and that the loss actually goes down."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -385,3 +386,29 @@ def test_fine_tune_config_changes_only_the_switchable_fields():
     assert (kept.support_width, kept.support_levels, kept.support_features) == (8, 3, "efficientnet-lite0")
     with pytest.raises(ValueError, match="f_thetaM"):
         fine_tune_config(det, {"support_features": "efficientnet-lite0"})
+
+
+def test_train_only_fine_tunes_the_named_weights_and_keeps_the_rest(tmp_path, rng):
+    from indeed_cli.model import load_checkpoint, save_checkpoint
+    from indeed_cli.tasks.training import list_images, load_images
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    ims = load_images(list_images(data), 3)
+    torch.manual_seed(0)
+    start = save_checkpoint(tmp_path / "start.safetensors", InDeed(tiny_config(3)).eval(), {})
+    before = load_checkpoint(start, "cpu").model.state_dict()
+    tc = TrainConfig(steps=3, batch=2, patch=32, lr=1e-2, warmup=1, save_every=100, init=str(start),
+                     train_only=("sparse.head", "sparse.stem"))  # fmt: skip
+    msgs = []
+    train(tiny_config(3), tc, ims, tmp_path / "run", None, device="cpu", progress=False, log=msgs.append)
+    after = load_checkpoint(tmp_path / "run" / "model.safetensors", "cpu").model.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(k.startswith(("sparse.head", "sparse.stem")) for k in moved)
+    assert any(k.startswith("sparse.head") for k in moved) and any(k.startswith("sparse.stem") for k in moved)
+    assert any(m.startswith("training ") and "sparse.head" in m for m in msgs)
+    with pytest.raises(ValueError, match="names no weight"):
+        train(tiny_config(3), replace(tc, train_only=("sparse.nothing",)), ims, tmp_path / "run2", None,
+              device="cpu", progress=False, log=lambda m: None)  # fmt: skip

@@ -37,6 +37,9 @@ class TrainConfig:
     support_features_weights: str = ""
     deterministic: bool = False  # deterministic kernels, no cuDNN autotuning (docs/guide/train.md)
     state_shard_mb: float = 0.0  # the resumable state in files of at most this size; 0 = one file
+    # train only the weights whose names start with one of these prefixes (e.g. "sparse.dec"), the
+    # others frozen at their starting values (loop.freeze_except); empty: every weight
+    train_only: tuple[str, ...] = ()
 
     def check(self) -> None:
         """Settings that cannot go together (raised before any data is loaded or trained on)."""
@@ -54,6 +57,8 @@ class TrainConfig:
             raise ValueError(f"--rank-supervision must be a weight of at least 0, got {self.losses.rank_sup}")
         if self.losses.rank_sup and self.task != "denoise":
             raise ValueError("--rank-supervision is for denoisers (--task denoise): it needs the clean images")
+        if any(not p.strip() for p in self.train_only):
+            raise ValueError("--train-only takes comma-separated weight-name prefixes, e.g. sparse.dec,sparse.head")
         if self.deterministic and self.time_budget:
             raise ValueError(
                 "a deterministic run needs a step-based schedule: --time-budget makes the learning "

@@ -145,6 +145,9 @@ def _train(
             load_support_features(model, tc.support_features_weights)
     elif model_cfg.support_features:
         load_support_features(model, tc.support_features_weights)
+    if tc.train_only:  # after loading, so that a resumed run freezes the same weights
+        n_trained, n_all = freeze_except(model, tc.train_only), sum(p.numel() for p in model.parameters())
+        log(f"training {n_trained:,} of {n_all:,} weights ({', '.join(tc.train_only)})")
     net = model
     if dist:
         net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
@@ -168,6 +171,7 @@ def _train(
         "lr": tc.lr,
         "losses": asdict(tc.losses),
         "deterministic": tc.deterministic,
+        **({"train_only": list(tc.train_only)} if tc.train_only else {}),
     }
     # what a state holds besides tensors: enough to export a checkpoint from it (state.export_state)
     state_extra = {"train": _jsonable(tc), "model": json.loads(model_cfg.to_json()), "facts": run_facts}
@@ -258,6 +262,22 @@ def _train(
 
 STOP_REASONS = ("", "time limit", "time budget")
 BAR_TERMS = ("sup", "fid", "rank", "sparse", "support", "psnr_s25")
+
+
+def freeze_except(model: torch.nn.Module, prefixes: tuple[str, ...]) -> int:
+    """Freeze every weight of ``model`` whose name starts with none of ``prefixes`` (requires_grad
+    False: Adam skips weights without a gradient, so they keep their starting values); returns how
+    many weights stay trainable.  ValueError where a prefix names no weight (a typo would otherwise
+    freeze the whole network silently)."""
+    names = [n for n, _ in model.named_parameters()]
+    for prefix in prefixes:
+        if not any(n.startswith(prefix) for n in names):
+            raise ValueError(f"--train-only {prefix!r} names no weight of this network (e.g. {names[0]!r})")
+    trained = 0
+    for n, p in model.named_parameters():
+        p.requires_grad_(any(n.startswith(prefix) for prefix in prefixes))
+        trained += p.numel() if p.requires_grad else 0
+    return trained
 
 
 def _progress_bar(tc: TrainConfig, step: int, elapsed0: float) -> tqdm:
