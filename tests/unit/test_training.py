@@ -232,11 +232,17 @@ def test_state_round_trip(tmp_path):
     assert torch.equal(torch.randint(1000, (5,), generator=g), torch.randint(1000, (5,), generator=g2))
 
 
-def test_train_resumes_and_exports(tmp_path, rng):
+def _random_colour_pngs(tmp_path: Path, rng, n: int) -> Path:
+    """A folder tmp_path/data of ``n`` random 40 x 40 colour PNGs, training images for the tiny models."""
     data = tmp_path / "data"
     data.mkdir()
-    for i in range(4):
+    for i in range(n):
         write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    return data
+
+
+def test_train_resumes_and_exports(tmp_path, rng):
+    data = _random_colour_pngs(tmp_path, rng, 4)
     from indeed_cli.tasks.training import list_images, load_images
 
     ims = load_images(list_images(data), 3)
@@ -301,10 +307,7 @@ def test_ddp_ranks_agree_on_stopping_and_skipping(tmp_path, rng, case):
 
     import torch.multiprocessing as mp
 
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(2):
-        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    data = _random_colour_pngs(tmp_path, rng, 2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -392,11 +395,7 @@ def test_train_only_fine_tunes_the_named_weights_and_keeps_the_rest(tmp_path, rn
     from indeed_cli.model import load_checkpoint, save_checkpoint
     from indeed_cli.tasks.training import list_images, load_images
 
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(3):
-        write_png(data / f"{i}.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
-    ims = load_images(list_images(data), 3)
+    ims = load_images(list_images(_random_colour_pngs(tmp_path, rng, 3)), 3)
     torch.manual_seed(0)
     start = save_checkpoint(tmp_path / "start.safetensors", InDeed(tiny_config(3)).eval(), {})
     before = load_checkpoint(start, "cpu").model.state_dict()

@@ -269,15 +269,13 @@ def freeze_except(model: torch.nn.Module, prefixes: tuple[str, ...]) -> int:
     False: Adam skips weights without a gradient, so they keep their starting values); returns how
     many weights stay trainable.  ValueError where a prefix names no weight (a typo would otherwise
     freeze the whole network silently)."""
-    names = [n for n, _ in model.named_parameters()]
+    params = dict(model.named_parameters())
     for prefix in prefixes:
-        if not any(n.startswith(prefix) for n in names):
-            raise ValueError(f"--train-only {prefix!r} names no weight of this network (e.g. {names[0]!r})")
-    trained = 0
-    for n, p in model.named_parameters():
-        p.requires_grad_(any(n.startswith(prefix) for prefix in prefixes))
-        trained += p.numel() if p.requires_grad else 0
-    return trained
+        if not any(n.startswith(prefix) for n in params):
+            raise ValueError(f"--train-only {prefix!r} names no weight of this network (e.g. {next(iter(params))!r})")
+    for n, p in params.items():
+        p.requires_grad_(n.startswith(prefixes))
+    return sum(p.numel() for p in params.values() if p.requires_grad)
 
 
 def _progress_bar(tc: TrainConfig, step: int, elapsed0: float) -> tqdm:
