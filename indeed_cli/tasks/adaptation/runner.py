@@ -161,8 +161,10 @@ def adapt_each(
             pool = tiles_of(images, tile, cfg.max_tiles, gen, cfg.train_stride).to(device)
         sigma = pooled_noise_sigma(images, device) if cfg.noise_bound else None  # the discrepancy bound's noise level
         jobs.append({"pool": pool, "eval": eval_set, "gen": gen, "batch": min(cfg.batch, len(pool)), "sigma": sigma})
-    for i, job, (best, history, best_step, stop) in zip(todo, jobs, _run_jobs(model, names, frozen, jobs, cfg, log)):
-        info = {"best_step": best_step, "stop": stop, "noise_sigma": job["sigma"], "loss_curve": history}
+    outcomes = _run_jobs(model, names, frozen, jobs, cfg, log)
+    for i, job, (best, history, best_step, stop, share) in zip(todo, jobs, outcomes):
+        info = {"best_step": best_step, "stop": stop, "stop_share": share, "noise_sigma": job["sigma"],
+                "loss_curve": history}  # fmt: skip
         results[i] = AdaptResult(
             _adapted_checkpoint(ckpt, model, best, cfg, info), history, best_step, stop, *decisions[i]
         )
@@ -440,7 +442,7 @@ def adapt_recorrupted(
         if job is None:
             stop, history = "uncorrelated noise", []
         else:
-            best, history, best_step, stop = next(outcomes)
+            best, history, best_step, stop, _ = next(outcomes)
             variance = (facts["noise_sigma"]) ** 2
             facts["noise_sigma"] = round(facts["noise_sigma"], 4)
             facts["start_ratio"] = round(history[0]["loss"] / max(variance, 1e-12), 4)
@@ -538,7 +540,9 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
     :func:`_recorrupted_job`) minimise the recorrupted objective instead of the ELBO: each batch is
     recorrupted with noise drawn from its images' filters, and evaluation scores the output of the
     job's recorrupted evaluation tiles against their "target" copies.  Returns per entry: its best
-    trainable weights, history, best step and stop reason.
+    trainable weights, history, best step, stop reason and, where the kept weights were moved towards
+    the evaluation that crossed a bound (``cfg.stop_at_bound``, Eq. stop at the bound), the share of
+    the way (else None).
     """
     K = len(jobs)
     device = jobs[0]["pool"].device
@@ -671,6 +675,14 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
                 improved.append((pos, k))
             if rules[k].running:
                 keep.append(pos)
+            elif cfg.stop_at_bound:
+                kept = next(h for h in history[k] if h["step"] == rules[k].best_step)
+                t = rules[k].fraction_to_bound(kept, rec)
+                if t:  # Eq. (stop at the bound): the kept weights moved t of the way to the crossing ones
+                    rules[k].fraction = t
+                    with torch.no_grad():
+                        for n, v in view.items():
+                            best_params[n][k].lerp_(v[pos].detach().to(best_params[n].dtype), t)
         if improved:
             src = torch.tensor([p for p, _ in improved], device=device)
             dst = torch.tensor([k for _, k in improved], device=device)
@@ -697,5 +709,6 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
             eval_factors = take(eval_factors, lambda f, sel=sel: f[sel])
             alive = [alive[p] for p in keep]
     return [
-        ({n: v[k] for n, v in best_params.items()}, history[k], rules[k].best_step, rules[k].stop) for k in range(K)
+        ({n: v[k] for n, v in best_params.items()}, history[k], rules[k].best_step, rules[k].stop, rules[k].fraction)
+        for k in range(K)
     ]

@@ -26,7 +26,10 @@ OAG's default: there the noise bound, not the objective, guards the image); with
 "latest" the starting weights if none qualifies, so that adaptation never makes the objective
 worse than where it started.  "latest" exists because InDeedAG's objective rises for its first
 steps and only then falls below the start, while the image keeps improving
-(docs/reports/2026-11-27-adaptation-heavy-noise.md).
+(docs/reports/2026-11-27-adaptation-heavy-noise.md).  With "last" and ``stop_at_bound`` (OAG's
+default), where the trust region or the noise bound is crossed between two evaluations after the
+start, the weights kept lie between them, where the bounded quantity meets its bound
+(:meth:`EarlyStopping.fraction_to_bound`, Eq. (stop at the bound) in docs/model.md; the runner moves them).
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ class EarlyStopping:
     start_rms_N: float = 0.0
     evaluations: int = 0
     max_rms_N: float | None = None  # noise_bound x the estimated noise level (8-bit RMS); None: no bound
+    # with keep "last" and stop_at_bound: the share of the way from the kept evaluation to the one that
+    # crossed a bound at which the kept weights were placed (fraction_to_bound); None: not interpolated
+    fraction: float | None = None
 
     @classmethod
     def start(cls, cfg: AdaptConfig, first: dict, noise_sigma: float | None = None) -> EarlyStopping:
@@ -103,3 +109,20 @@ class EarlyStopping:
             if self.patience and self.bad >= self.patience:
                 self.stop = "no improvement"
         return False
+
+    def fraction_to_bound(self, kept: dict, crossed: dict) -> float | None:
+        """Eq. (stop at the bound), docs/model.md: where the trust region or the noise bound stopped an
+        adaptation (keep "last") between the kept evaluation ``kept`` (after the start) and the evaluation
+        ``crossed`` beyond it, the share t of the way from one to the other at which the bounded quantity,
+        linear in between, meets its bound; the smallest t over the bounds crossed, in [0, 1].  None where
+        the stop was not a bound's or the kept weights are the start's (whose fallback is the recorrupted
+        objective's, whatever the share)."""
+        if self.keep != "last" or self.best_step == 0 or self.stop not in ("trust region", "noise level"):
+            return None
+        limits = [("change", self.max_change or None), ("rms_N", self.max_rms_N)]
+        shares = [
+            (bound - kept[key]) / (crossed[key] - kept[key])
+            for key, bound in limits
+            if bound is not None and crossed[key] > bound and crossed[key] > kept[key]
+        ]
+        return min(1.0, max(0.0, min(shares))) if shares else None
