@@ -131,10 +131,18 @@ def ck_device(ck):
     return next(ck.model.parameters()).device
 
 
-def warm_up(ck, data, opts, acfg: AdaptConfig, device: str) -> None:
-    """One untimed denoise and adaptation: CUDA's lazy start-up (seconds) is not a per-image cost."""
+def warm_up(ck, data, opts, acfg: AdaptConfig, device: str, oag: bool = False) -> None:
+    """One untimed denoise and adaptation: CUDA's lazy start-up (seconds) is not a per-image cost.
+    With ``oag``, also one short OAG group of the size the runs use, through both objectives: with the
+    single-image warm-up alone the first OAG method of a run took 0.005-0.026 s per image more than the
+    same work as the second (one H100, PolyU100, docs/reports/2026-12-06-oag-stop-at-the-bound.md),
+    the cost of a GPU's first group of a new size."""
     denoise(ck, data[0][1], opts)
     adapt(ck, [data[0][1]], AdaptConfig(**{**acfg.__dict__, "steps": 2}))
+    if oag:
+        group = acfg.group or default_group(ck_device(ck))
+        short = replace(acfg, steps=2, recorrupted_steps=2, decide="always", objective="auto")
+        adapt_each(ck, [[y] for _, y, _ in data[:group]], short)
     sync(device)
 
 
@@ -498,7 +506,7 @@ def main() -> None:
             batch=a.adapt_batch,
         )
         if any(m not in ("ffdnet", "cbm3d") for m in methods):
-            warm_up(ck, sets[0][1], opts, acfg, dev)
+            warm_up(ck, sets[0][1], opts, acfg, dev, oag=any(m.split("@")[0].startswith("oag") for m in methods))
         for name, data in sets:
             new = [
                 {"method": "noisy input", "image": n, "psnr": psnr(y, x), "ssim": ssim(y, x), "seconds": 0.0}
