@@ -122,6 +122,27 @@ def test_grouped_adaptations_match_separate_ones(rng):
     assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith("sparse."))
 
 
+def test_grouped_adaptations_stop_at_the_bound_as_separate_ones(rng):
+    """Eq. (stop at the bound) in a group: each entry's kept weights are interpolated between its own
+    evaluations (the stack position of an entry changes as others stop), as they are alone."""
+    ck = _ckpt(3)
+    yy, xx = np.mgrid[0:40, 0:36] / 40.0
+    imgs = [rng.random((3, 40, 36)), np.stack([yy, xx, yy * xx]), 0.1 * rng.random((3, 40, 36))]
+    imgs = [x.astype(np.float32) for x in [*imgs, rng.random((3, 40, 36))]]
+    cfg = AdaptConfig(modules="S", steps=8, lr=1e-4, eval_every=1, patience=0, max_change=1.5, sample=False,
+                      decide="always", noise_bound=0.0, keep="last", objective="elbo", stop_at_bound=True)  # fmt: skip
+    together = adapt_each(ck, [[x] for x in imgs], replace(cfg, group=4), tile=32)
+    alone = [adapt_each(ck, [[x]], replace(cfg, group=1), tile=32)[0] for x in imgs]
+    shares = [a.checkpoint.training["adapted"]["stop_share"] for a in alone]
+    assert sum(s is not None for s in shares) >= 2  # interpolated entries ...
+    assert len({a.best_step for a, s in zip(alone, shares) if s is not None}) > 1  # ... stopped at different steps
+    for a, b, share in zip(together, alone, shares):
+        assert (a.best_step, a.stop) == (b.best_step, b.stop)
+        assert a.checkpoint.training["adapted"]["stop_share"] == (share and pytest.approx(share, abs=1e-4))
+        sa, sb = a.checkpoint.model.state_dict(), b.checkpoint.model.state_dict()
+        assert all(torch.allclose(sa[k], sb[k], atol=1e-5) for k in sb)
+
+
 def test_oag_results_share_only_the_frozen_weights(rng):
     """Each OAG result owns its adapted module's weights and shares the frozen module's with the
     other results of its call (no copy per image), which stay equal to the starting weights."""
