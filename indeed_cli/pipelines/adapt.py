@@ -274,7 +274,7 @@ def _product(
         # the objective of the weights kept: AG keeps the latest no worse than the start, not the lowest
         "loss_kept": next(h["loss"] for h in res.history if h["step"] == res.best_step) if ran else None,
         # where a bound stopped OAG between two evaluations: the share of the way from the last one inside
-        # to the one beyond at which the kept weights lie (Eq. stop at the bound); None: an evaluation's
+        # to the one beyond at which the kept weights lie (Eq. stop at the bound); None: they are an evaluation's
         "stop_share": (res.checkpoint.training.get("adapted") or {}).get("stop_share") if ran else None,
         # the noise level estimated from the image(s) that bounded the removed N (OAG's discrepancy rule)
         "noise_sigma": (res.checkpoint.training.get("adapted") or {}).get("noise_sigma") if ran else None,
