@@ -252,6 +252,7 @@ def _product(
         out, tiles = dec.maps["L"] + dec.maps["S"], dec.tiles
         nbytes = out.nbytes + sum(v.nbytes for v in dec.maps.values())
     ran = bool(res.history)  # False: --decide ood left the image alone (no evaluation to report)
+    adaptation = (res.checkpoint.training.get("adapted") or {}) if ran else {}  # how the weights were adapted
     record = {
         "image": str(src),
         "output": str(files["denoised"]),
@@ -275,9 +276,9 @@ def _product(
         "loss_kept": next(h["loss"] for h in res.history if h["step"] == res.best_step) if ran else None,
         # where a bound stopped OAG between two evaluations: the share of the way from the last one inside
         # to the one beyond at which the kept weights lie (Eq. stop at the bound); None: they are an evaluation's
-        "stop_share": (res.checkpoint.training.get("adapted") or {}).get("stop_share") if ran else None,
+        "stop_share": adaptation.get("stop_share"),
         # the noise level estimated from the image(s) that bounded the removed N (OAG's discrepancy rule)
-        "noise_sigma": (res.checkpoint.training.get("adapted") or {}).get("noise_sigma") if ran else None,
+        "noise_sigma": adaptation.get("noise_sigma"),
         "adapt_seconds": round(seconds, 3) if mode == "oag" else None,
         "adapted_together": together if mode == "oag" else None,
         # the adapted image's place in the plane of the paper's Fig. 7 (--report)
