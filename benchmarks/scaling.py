@@ -4,6 +4,10 @@ process against `torchrun --nproc-per-node K` (each rank denoising every K-th im
 whole commands timed (start-up, reading and writing included), outputs compared byte for byte.
 
     python benchmarks/scaling.py --images 2000 --size 512 --procs 1,2,4 --precision bf16 [--numa-binding node]
+    python benchmarks/scaling.py --images 500 --procs 1 --png-level 1,6 --repeat 3
+
+``--png-level`` compares the zlib levels of the PNGs written (`indeed denoise --png-level`); outputs
+are compared by their pixels, which do not depend on the level.
 
 Without --data it makes the images: smooth random colour fields with AWGN of a random level,
 written as PNG with numpy and Pillow.  Prints a Markdown table and the command that made it.
@@ -49,17 +53,23 @@ def steady_rate(folder: Path) -> float:
 
 
 def digest(folder: Path) -> str:
+    """A hash of the outputs' names and decoded pixels (the files' bytes depend on the PNG level)."""
     h = hashlib.sha256()
     for p in sorted(folder.glob("*.png")):
         h.update(p.name.encode())
-        h.update(p.read_bytes())
+        with Image.open(p) as im:
+            h.update(np.asarray(im).tobytes())
     return h.hexdigest()
 
 
-def run(procs: int, data: Path, out: Path, a, numa: str | None = None) -> float:
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.png"))
+
+
+def run(procs: int, data: Path, out: Path, a, numa: str | None = None, level: int = 1) -> float:
     shutil.rmtree(out, ignore_errors=True)
     cmd = ["-m", "indeed_cli", "denoise", str(data), "-o", str(out), "-q", "--precision", a.precision,
-           "--device", a.device]  # fmt: skip
+           "--device", a.device, "--png-level", str(level)]  # fmt: skip
     if procs > 1:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -87,6 +97,7 @@ def main() -> None:
         help="also run each process count above 1 under torchrun's --numa-binding MODE (node, socket, ...)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration (the table gives medians)")
+    ap.add_argument("--png-level", default="1", help="zlib levels of the PNGs written, e.g. 1,6 (denoise --png-level)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data
@@ -97,29 +108,32 @@ def main() -> None:
             with ProcessPoolExecutor() as pool:
                 list(pool.map(make_image, jobs, chunksize=16))
         n = len(list(data.glob("*.png")))
-        configs = [(p, None) for p in map(int, a.procs.split(","))]
+        levels = [int(v) for v in a.png_level.split(",")]
+        configs = [(p, None, lv) for lv in levels for p in map(int, a.procs.split(","))]
         if a.numa_binding:
-            configs += [(p, a.numa_binding) for p, _ in configs if p > 1]
+            configs += [(p, a.numa_binding, lv) for p, _, lv in configs if p > 1]
         runs: dict[tuple, list] = {c: [] for c in configs}
         for _ in range(a.repeat):  # interleaved, so that a slow spell of the machine hits every configuration
-            for procs, numa in configs:
-                out = Path(tmp) / f"out{procs}{numa or ''}"
-                seconds = run(procs, data, out, a, numa)
-                runs[(procs, numa)].append((seconds, steady_rate(out), digest(out)))
+            for procs, numa, level in configs:
+                out = Path(tmp) / f"out{procs}{numa or ''}-{level}"
+                seconds = run(procs, data, out, a, numa, level)
+                runs[(procs, numa, level)].append((seconds, steady_rate(out), digest(out), folder_bytes(out)))
     rows = []
-    for (procs, numa), rs in runs.items():
+    for (procs, numa, level), rs in runs.items():
         label = f"{procs} (NUMA binding: {numa})" if numa else str(procs)
         seconds = float(np.median([r[0] for r in rs]))
         steadies = [r[1] for r in rs]
-        rows.append((label, seconds, n / seconds, float(np.median(steadies)), {r[2] for r in rs}, steadies))
+        mb = rs[-1][3] / 1e6
+        rows.append((label, level, mb, seconds, n / seconds, float(np.median(steadies)), {r[2] for r in rs}, steadies))
     base = rows[0]
-    print(f"| processes | seconds | images / s (whole command) | speed-up | images / s (under way) | speed-up |"
-          f" under way, each run | outputs equal to {base[0]} process(es) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for label, seconds, rate, steady, digests, steadies in rows:
-        each = ", ".join(f"{v:.1f}" for v in steadies)
-        print(f"| {label} | {seconds:.1f} | {rate:.1f} | {rate / base[2]:.2f} | {steady:.1f} | {steady / base[3]:.2f} "
-              f"| {each} | {'yes' if len(digests | base[4]) == 1 else 'NO'} |")  # fmt: skip
+    print(f"| processes | PNG level | output MB | seconds | images / s (whole command) | speed-up |"
+          f" images / s (under way) | speed-up | under way, each run |"
+          f" pixels equal to {base[0]} process(es), level {base[1]} |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, level, mb, seconds, rate, steady, digests, steadies in rows:
+        each = ", ".join(f"{v:.3g}" for v in steadies)
+        print(f"| {label} | {level} | {mb:.1f} | {seconds:.1f} | {rate:.3g} | {rate / base[4]:.2f} | {steady:.3g} "
+              f"| {steady / base[5]:.2f} | {each} | {'yes' if len(digests | base[6]) == 1 else 'NO'} |")  # fmt: skip
     if a.repeat > 1:
         print(f"\nMedians of {a.repeat} runs of each, interleaved.")
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..io import JPEG_QUALITY, is_stdio
+from ..io import JPEG_QUALITY, PNG_LEVEL, is_stdio
 from ..model.registry import BUNDLED_CAMERA
 from ..pipelines import Outcome, denoise_folder
 from .options import ALL_SHARED, RunOptions, shared_options
@@ -43,6 +43,17 @@ def denoise_cmd(
     quality: Annotated[
         int, typer.Option("--quality", metavar="1-100", min=1, max=100, help="JPEG and WebP quality of -o FILE.jpg.")
     ] = JPEG_QUALITY,
+    png_level: Annotated[
+        int,
+        typer.Option(
+            "--png-level",
+            metavar="0-9",
+            min=0,
+            max=9,
+            help="zlib level of PNG outputs: 1 (default) encodes fast, 9 makes the smallest files; the pixels are "
+            "the same at every level.",
+        ),
+    ] = PNG_LEVEL,
     pixel_shuffle: Annotated[
         str,
         typer.Option(
@@ -78,6 +89,7 @@ def denoise_cmd(
         auto_adapt=auto_adapt,
         ood_threshold=ood_threshold,
         quality=quality,
+        png_level=png_level,
         pixel_shuffle=pixel_shuffle,
         ensemble=ensemble,
         **run.folder_run(report),

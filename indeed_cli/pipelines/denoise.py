@@ -25,13 +25,13 @@ from ..inference import (
     pixel_shuffle_denoise,
     pixel_shuffle_fits,
 )
-from ..io import JPEG_QUALITY, ImageError, check_output_format, write_image
+from ..io import JPEG_QUALITY, PNG_LEVEL, ImageError, check_output_format, write_image
 from ..model import Checkpoint, CheckpointError
 from ..tasks.adaptation import AdaptConfig, adapt_images, default_group, oag_readout
 from ..tasks.adaptation.config import FLAT_BLOCK, FLAT_SHARE
 from ..tasks.adaptation.recorrupted import flat_block_covariances
 from ..tasks.ood import ood_features, ood_report
-from .inputs import ensemble_setting, expand_inputs, input_names, pixel_shuffle_setting, plan_outputs
+from .inputs import UsageError, ensemble_setting, expand_inputs, input_names, pixel_shuffle_setting, plan_outputs
 from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
 
 
@@ -45,6 +45,7 @@ def denoise_folder(
     auto_adapt: bool = False,
     ood_threshold: float | None = None,
     quality: int = JPEG_QUALITY,
+    png_level: int = PNG_LEVEL,
     recursive: bool = False,
     force: bool = False,
     skip_existing: bool = False,
@@ -55,8 +56,9 @@ def denoise_folder(
     ensemble: int = 1,
 ) -> list[Outcome]:
     """Denoise ``inputs`` (files, folders, globs, ``-``) into ``output``: a file for one input (its
-    suffix says the format; ``quality`` for JPEG and WebP), else a folder of ``<name>.png`` (with
-    ``recursive``, the sub-folders of folder inputs are mirrored); ``-``: a PNG on standard output.
+    suffix says the format; ``quality`` for JPEG and WebP, ``png_level`` the zlib level 0-9 of PNGs),
+    else a folder of ``<name>.png`` (with ``recursive``, the sub-folders of folder inputs are
+    mirrored); ``-``: a PNG on standard output.
     Returns one :class:`Outcome` per input: those left out by ``skip_existing`` first, then the
     others as they finish.  Each record holds the OOD score of the image (``ood`` true when it lies
     outside the training data) and, when it was adapted, how.
@@ -80,7 +82,11 @@ def denoise_folder(
     paths, targets, skipped = plan_outputs(every, Path(output), ".png", force, skip_existing, names, shard)
     models = ModelCache(weights, device)
     progress.start(len(paths))
-    steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, quality, progress, pixel_shuffle, ensemble)
+    if not 0 <= png_level <= 9:  # checked before any work, not when the first image is written
+        raise UsageError(f"png_level must be a zlib level 0-9, got {png_level}")
+    steps = _steps(
+        paths, targets, models, opts, auto_adapt, ood_threshold, (quality, png_level), progress, pixel_shuffle, ensemble
+    )
     return run_ordered(steps, on_outcome, skipped, shard=shard, inputs=every)
 
 
@@ -126,7 +132,7 @@ def _steps(
     opts: InferenceOptions,
     auto_adapt: bool,
     ood_threshold: float | None,
-    quality: int,
+    encoding: tuple[int, int],
     progress: Progress,
     pixel_shuffle: int | str = 1,
     ensemble: int = 1,
@@ -154,7 +160,7 @@ def _steps(
         }
 
         def write() -> None:
-            write_image(item["dst"], out, like=img, quality=quality)
+            write_image(item["dst"], out, like=img, quality=encoding[0], png_level=encoding[1])
 
         return Product(item["src"], write, record, out.nbytes)
 

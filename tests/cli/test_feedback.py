@@ -227,6 +227,12 @@ def test_output_file_format_follows_its_suffix(run_cli, folder, tmp_path, ckpt_p
     assert code == 0 and (tmp_path / "out.jpg").is_file() and Image.open(tmp_path / "out.jpg").format == "JPEG"
     code, _, _ = run_cli("denoise", folder / "a.png", "-o", tmp_path / "low.jpg", "-w", w, "-q", "--quality", "20")
     assert (tmp_path / "low.jpg").stat().st_size < (tmp_path / "out.jpg").stat().st_size
+    code, _, _ = run_cli("denoise", folder / "a.png", "-o", tmp_path / "fast.png", "-w", w, "-q")
+    code9, _, _ = run_cli("denoise", folder / "a.png", "-o", tmp_path / "small.png", "-w", w, "-q", "--png-level", "9")
+    assert code == code9 == 0 and (tmp_path / "small.png").stat().st_size < (tmp_path / "fast.png").stat().st_size
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "small.png")), np.asarray(Image.open(tmp_path / "fast.png")))
+    code, _, err = run_cli("denoise", folder / "a.png", "-o", tmp_path / "bad.png", "-w", w, "--png-level", "10")
+    assert code == 2 and "--png-level" in err and not (tmp_path / "bad.png").exists()
     code, _, _ = run_cli("denoise", folder / "a.png", "-o", tmp_path / "out.webp", "-w", w, "-q")
     assert code == 0 and Image.open(tmp_path / "out.webp").format == "WEBP"
     code, _, err = run_cli("denoise", folder, "-o", tmp_path / "many.jpg", "-w", w)

@@ -159,3 +159,20 @@ def test_16bit_colour_exif_orientation_and_errors(tmp_path, rng):
         with pytest.raises(ImageError, match=pat) as e:
             read_image(tmp_path / name)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("depth, channels", [(8, 3), (16, 3), (16, 1)])
+def test_png_level_changes_size_not_pixels(tmp_path, depth, channels):
+    # a smooth image, which zlib's higher levels compress better
+    y, x = np.mgrid[0:96, 0:128] / 128.0
+    data = np.stack([np.sin(3 * x + k) * np.cos(2 * y) * 0.4 + 0.5 for k in range(channels)]).astype(np.float32)
+    paths = {lv: write_image(tmp_path / f"l{lv}.png", data, bit_depth=depth, png_level=lv) for lv in (0, 1, 9)}
+    pixels = {lv: read_image(p).data for lv, p in paths.items()}
+    assert all(np.array_equal(pixels[0], pixels[lv]) for lv in (1, 9))
+    sizes = {lv: p.stat().st_size for lv, p in paths.items()}
+    assert sizes[0] > sizes[1] > sizes[9]
+    default = write_image(tmp_path / "default.png", data, bit_depth=depth)
+    assert default.read_bytes() == paths[1].read_bytes()  # PNG_LEVEL = 1
+    with pytest.raises(ValueError, match="0-9"):
+        write_image(tmp_path / "bad.png", data, bit_depth=depth, png_level=10)
+    assert not (tmp_path / "bad.png").exists()
