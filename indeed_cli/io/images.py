@@ -32,8 +32,8 @@ EIGHT_BIT_ONLY = {".jpg", ".jpeg", ".webp", ".bmp"}
 NO_ALPHA = {".jpg", ".jpeg"}
 JPEG_QUALITY = 95  # Pillow's default is 75, visibly blocky on a denoised photo
 # zlib level of the PNGs written (Pillow's default is 6): level 1 encodes a denoised 512x512 colour
-# image about 5 times faster for files about 5% larger, and encoding bounds a folder run on a GPU
-# (docs/guide/denoise.md, "Large images, speed and memory"); the pixels are the same at every level.
+# image about 5 times faster for files about 5% larger; on two CPU cores the encoding shares them with
+# the network (docs/guide/denoise.md, "Large images, speed and memory"). Same pixels at every level.
 PNG_LEVEL = 1
 Image.MAX_IMAGE_PIXELS = 400_000_000  # 24 MP is normal here; beyond 400 MP ask the user to split
 
