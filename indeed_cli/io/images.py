@@ -225,9 +225,9 @@ def to_pil(data: np.ndarray, bit_depth: int = 8, alpha: np.ndarray | None = None
     return Image.fromarray(q[..., 0] if C == 1 else q, "L" if C == 1 else "RGB")
 
 
-def atomic_save(image: Image.Image | bytes, path: str | Path, **save_kwargs) -> Path:
-    """Save an image (or bytes) to ``path`` atomically, via :func:`atomic_write_via`; a PNG at
-    zlib level PNG_LEVEL unless ``compress_level`` is given."""
+def atomic_save(image: Image.Image | bytes, path: str | Path, png_level: int | None = None, **save_kwargs) -> Path:
+    """Save an image (or bytes) to ``path`` atomically, via :func:`atomic_write_via`; a PNG at zlib
+    level ``png_level`` (default PNG_LEVEL)."""
     path = Path(path)
 
     def writer(tmp: Path) -> None:
@@ -236,8 +236,9 @@ def atomic_save(image: Image.Image | bytes, path: str | Path, **save_kwargs) -> 
         else:
             fmt = {".jpg": "JPEG", ".jpeg": "JPEG"}.get(path.suffix.lower(), None)
             fmt = fmt or Image.registered_extensions().get(path.suffix.lower(), "PNG")
-            extra = {"compress_level": PNG_LEVEL} if fmt == "PNG" and "compress_level" not in save_kwargs else {}
-            image.save(tmp, format=fmt, **save_kwargs, **extra)
+            if fmt == "PNG":
+                save_kwargs["compress_level"] = PNG_LEVEL if png_level is None else png_level
+            image.save(tmp, format=fmt, **save_kwargs)
 
     return atomic_write_via(path, writer)
 
@@ -317,11 +318,8 @@ def write_image(
         except OSError as e:  # e.g. the reading end of the pipe went away
             raise ImageError(f"<stdout>: cannot write ({e.strerror or e})") from None
         return Path(path)
-    suffix = Path(path).suffix.lower()
-    lossy = suffix in (".jpg", ".jpeg", ".webp")
-    return atomic_save(
-        image, path, **({"quality": quality} if lossy else {"compress_level": level} if suffix == ".png" else {})
-    )
+    lossy = Path(path).suffix.lower() in (".jpg", ".jpeg", ".webp")
+    return atomic_save(image, path, level, **({"quality": quality} if lossy else {}))
 
 
 def is_image_path(p: Path) -> bool:

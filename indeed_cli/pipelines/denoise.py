@@ -73,6 +73,8 @@ def denoise_folder(
     ``ensemble`` 2, 4 or 8: each output is the mean of the read-outs of that many flips and rotations
     of the image (:func:`~indeed_cli.inference.ensemble_mean`), at that many times the time.
     """
+    if not 0 <= png_level <= 9:  # refused before any work, not when the first image is written
+        raise UsageError(f"png_level must be a zlib level 0-9, got {png_level}")
     pixel_shuffle = pixel_shuffle_setting(pixel_shuffle)
     ensemble = ensemble_setting(ensemble)
     opts = options or InferenceOptions()
@@ -82,11 +84,8 @@ def denoise_folder(
     paths, targets, skipped = plan_outputs(every, Path(output), ".png", force, skip_existing, names, shard)
     models = ModelCache(weights, device)
     progress.start(len(paths))
-    if not 0 <= png_level <= 9:  # checked before any work, not when the first image is written
-        raise UsageError(f"png_level must be a zlib level 0-9, got {png_level}")
-    steps = _steps(
-        paths, targets, models, opts, auto_adapt, ood_threshold, (quality, png_level), progress, pixel_shuffle, ensemble
-    )
+    encoding = {"quality": quality, "png_level": png_level}
+    steps = _steps(paths, targets, models, opts, auto_adapt, ood_threshold, encoding, progress, pixel_shuffle, ensemble)
     return run_ordered(steps, on_outcome, skipped, shard=shard, inputs=every)
 
 
@@ -132,7 +131,7 @@ def _steps(
     opts: InferenceOptions,
     auto_adapt: bool,
     ood_threshold: float | None,
-    encoding: tuple[int, int],
+    encoding: dict[str, int],  # write_image's quality and png_level
     progress: Progress,
     pixel_shuffle: int | str = 1,
     ensemble: int = 1,
@@ -160,7 +159,7 @@ def _steps(
         }
 
         def write() -> None:
-            write_image(item["dst"], out, like=img, quality=encoding[0], png_level=encoding[1])
+            write_image(item["dst"], out, like=img, **encoding)
 
         return Product(item["src"], write, record, out.nbytes)
 
