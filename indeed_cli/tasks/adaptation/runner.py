@@ -313,14 +313,14 @@ def _pixel_chunks(images: list[np.ndarray], pixels: int) -> list[list[np.ndarray
 
 def recorrupted_settings(cfg: AdaptConfig) -> AdaptConfig:
     """The settings the recorrupted adaptation runs with: R2R_STEPS steps (or ``cfg.recorrupted_steps``, with
-    the learning rate scaled to match: :func:`~.config.recorrupted_steps_and_lr`), an evaluation every
-    R2R_EVAL_EVERY (and at the last step), the posterior means, and the evaluated weights with the lowest
-    recorrupted validation loss kept (the start's if none is lower); no trust region, noise bound,
-    first-change rule or patience, which were chosen for the ELBO's trajectories.  Batch, precision and
-    group are ``cfg``'s."""
+    the learning rate scaled to match: :func:`~.config.recorrupted_steps_and_lr`), evaluations at the start
+    and after the last step (and every R2R_EVAL_EVERY steps where that is set), the posterior means, and the
+    evaluated weights with the lowest recorrupted validation loss kept (the start's if none is lower); no
+    trust region, noise bound, first-change rule or patience, which were chosen for the ELBO's trajectories.
+    Batch, precision and group are ``cfg``'s."""
     steps, lr = recorrupted_steps_and_lr(cfg)
     return replace(
-        cfg, steps=steps, lr=lr, eval_every=R2R_EVAL_EVERY, keep="best", patience=0, max_change=0.0,
+        cfg, steps=steps, lr=lr, eval_every=R2R_EVAL_EVERY or steps, keep="best", patience=0, max_change=0.0,
         noise_bound=0.0, collapse_ratio=0.0, decide="always", sample=False,
     )  # fmt: skip
 
