@@ -146,8 +146,8 @@ def adapt_cmd(
             "--recorrupted-steps",
             metavar="N",
             min=1,
-            help="recorrupted objective: its steps, each with the learning rate scaled by 20/N (default 20; "
-            "10: about a quarter less time per image on a GPU, 0.1-0.2 dB less gain).",
+            help="recorrupted objective: its steps, each with the learning rate scaled by 20/N (default: oag 18 "
+            "on a GPU, else 20; 10: about a quarter less time per image on a GPU, 0.1-0.2 dB less gain).",
         ),
     ] = None,
     noise_precision: Annotated[

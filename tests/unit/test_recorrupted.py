@@ -421,15 +421,17 @@ def test_recorrupted_tile_and_batch_settings_reach_its_job(rng, monkeypatch):
 
 
 def test_recorrupted_steps_scale_the_learning_rate_and_reach_the_loop(rng, monkeypatch):
-    """Eq. (recorrupted steps): N steps at lr * R2R_STEPS / N; the loop runs exactly N and evaluates the start
-    and the last step only (config.R2R_EVAL_EVERY 0)."""
+    """Eq. (recorrupted steps): N steps at lr * R2R_REFERENCE_STEPS / N; the loop runs exactly N and evaluates
+    the start and the last step only (config.R2R_EVAL_EVERY 0)."""
     from dataclasses import replace
 
     from indeed_cli.tasks.adaptation import config, runner
 
-    assert config.recorrupted_steps_and_lr(AdaptConfig(lr=3e-5)) == (config.R2R_STEPS, 3e-5)
-    steps, lr = config.recorrupted_steps_and_lr(AdaptConfig(lr=3e-5, recorrupted_steps=config.R2R_STEPS // 2))
-    assert steps == config.R2R_STEPS // 2 and lr == pytest.approx(6e-5)
+    ref = config.R2R_REFERENCE_STEPS
+    assert config.recorrupted_steps_and_lr(AdaptConfig(lr=3e-5)) == (ref, 3e-5)
+    assert config.recorrupted_steps_and_lr(AdaptConfig(lr=3e-5, recorrupted_steps=ref)) == (ref, 3e-5)
+    steps, lr = config.recorrupted_steps_and_lr(AdaptConfig(lr=3e-5, recorrupted_steps=ref // 2))
+    assert steps == ref // 2 and lr == pytest.approx(6e-5)
     _gate_readout(monkeypatch, lambda ys: [_clean() for _ in ys])
     seen = []
     loop = runner._adapt_group
@@ -442,9 +444,31 @@ def test_recorrupted_steps_scale_the_learning_rate_and_reach_the_loop(rng, monke
     monkeypatch.setattr(runner, "_adapt_group", spy)
     cfg = AdaptConfig(objective="recorrupted", lr=1e-3, recorrupted_steps=7)
     adapt_each(_ckpt(), [_noisy(rng)], cfg, tile=32)
-    assert seen == [(7, pytest.approx(1e-3 * config.R2R_STEPS / 7), [0, 7])]
+    assert seen == [(7, pytest.approx(1e-3 * ref / 7), [0, 7])]
     with pytest.raises(ValueError, match="recorrupted_steps"):
         replace(cfg, recorrupted_steps=0).check()
+
+
+def test_recorrupted_steps_by_mode_and_device():
+    """Left unset, OAG's recorrupted steps are GPU_OAG_RECORRUPTED_STEPS off a CPU and the reference steps on
+    one, at the rate Eq. (recorrupted steps) scales; AG's default sets its own on every device."""
+    from dataclasses import replace
+
+    from indeed_cli.tasks.adaptation import config
+    from indeed_cli.tasks.adaptation.runner import recorrupted_settings
+
+    ref, gpu = config.R2R_REFERENCE_STEPS, config.GPU_OAG_RECORRUPTED_STEPS
+    assert gpu != ref
+    oag = config.with_defaults(AdaptConfig(objective="recorrupted"), config.OAG_DEFAULTS)
+    assert config.recorrupted_steps_and_lr(oag, "cpu") == (ref, config.OAG_LR)
+    steps, lr = config.recorrupted_steps_and_lr(oag, "cuda")
+    assert steps == gpu and lr == pytest.approx(config.OAG_LR * ref / gpu)
+    on_gpu = recorrupted_settings(oag, torch.device("cuda"))  # no GPU needed: only the device's type is read
+    assert on_gpu.steps == on_gpu.eval_every == gpu
+    ag = config.with_defaults(AdaptConfig(objective="recorrupted"), config.AG_RECORRUPTED_DEFAULTS)
+    for device in ("cpu", "cuda"):
+        assert config.recorrupted_steps_and_lr(ag, device) == (config.AG_RECORRUPTED_STEPS, config.R2R_LR)
+    assert config.recorrupted_steps_and_lr(replace(oag, recorrupted_steps=7), "cuda")[0] == 7
 
 
 @pytest.mark.parametrize("sparse_input", ["residual", "residual+lowrank"])

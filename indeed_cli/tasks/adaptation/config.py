@@ -74,8 +74,17 @@ AG_IMAGE_NOISE_BOUND = OAG_NOISE_BOUND
 # The recorrupted-to-recorrupted adaptation (recorrupted.py; AdaptConfig.objective), for correlated
 # noise the ELBO adaptation leaves in place: steps, evaluations, and the fixed noise draws per
 # evaluation tile of its validation loss (docs/reports/2026-11-28-recorrupted-adaptation.md).
-R2R_STEPS = 20
 R2R_LR = OAG_LR  # the learning rate it was chosen with, per image; AG with it uses the same
+# ... at this many steps; N steps run at R2R_LR x R2R_REFERENCE_STEPS / N (Eq. recorrupted steps)
+R2R_REFERENCE_STEPS = 20
+# The steps OAG runs on a GPU where AdaptConfig.recorrupted_steps is None (recorrupted_steps_and_lr): 18 since
+# 2026-12-06: on one H100 (bf16, groups of 32) 13% less time per 512 x 512 image under heavy camera noise than
+# 20 (0.075-0.077 against 0.087-0.088 s), on 32 development crops within 0.04 dB of 20's mean gain under
+# heavy, medium and light camera noise and without noise, by the rule fixed before the run; 16 lost 0.053 dB
+# under light noise.  On a CPU (its tiles of 64) 18 steps took no less time on 4 development crops and lost
+# 0.09 dB under light noise, so a CPU runs 20 (docs/reports/2026-12-06-recorrupted-evaluations.md).
+GPU_OAG_RECORRUPTED_STEPS = 18
+AG_RECORRUPTED_STEPS = R2R_REFERENCE_STEPS  # AG: not measured with fewer
 # Evaluations of the recorrupted validation loss between the start and the last step (0: none, only
 # those two).  With one every 5 steps the last was the lowest on each of the 107 development inputs OAG
 # adapted with this objective (32 crops under heavy, medium and light camera noise and without noise; one
@@ -83,10 +92,10 @@ R2R_LR = OAG_LR  # the learning rate it was chosen with, per image; AG with it u
 # (docs/reports/2026-12-06-recorrupted-evaluations.md).
 R2R_EVAL_EVERY = 0
 R2R_EVAL_DRAWS = 2
-# Fewer steps (AdaptConfig.recorrupted_steps, recorrupted_steps_and_lr) are an option, not the default: on one
-# NVIDIA H100 (bf16, groups of 32) 10 steps took OAG from 0.089-0.100 to 0.069-0.071 s per 512 x 512 image
-# under heavy camera noise for 0.07 dB less gain on held-out photographs, but 0.09-0.21 dB less on the
-# development crops under camera noise (docs/reports/2026-12-06-oag-time-on-h100.md).
+# Fewer still are an option (AdaptConfig.recorrupted_steps): on one NVIDIA H100 (bf16, groups of 32) 10 steps
+# took OAG from 0.089-0.100 to 0.069-0.071 s per 512 x 512 image under heavy camera noise for 0.07 dB less
+# gain on held-out photographs, but 0.09-0.21 dB less on the development crops under camera noise
+# (docs/reports/2026-12-06-oag-time-on-h100.md).
 # The recorrupted adaptation's tiles per step, for every mode and device where set; None: AdaptConfig.batch.
 # benchmarks/adapt.py sets runner's copy (runner.R2R_BATCH) per method (%TILExBATCH; the tile side is
 # AdaptConfig.recorrupted_tile).
@@ -208,6 +217,7 @@ AG_DEFAULTS = {
     "objective": AG_OBJECTIVE,
     "recorruption_noise": AG_RECORRUPTION_NOISE,
     "recorrupted_tile": 0,
+    "recorrupted_steps": AG_RECORRUPTED_STEPS,
     "stop_at_bound": AG_STOP_AT_BOUND,
 }
 # InDeedAG with objective "recorrupted": AG's settings, with the learning rate that objective was chosen
@@ -276,7 +286,8 @@ class AdaptConfig:
     # the recorrupted adaptation's tile side (recorrupted_tile_for); 0: the ELBO's tile (AG's default);
     # None: CPU_OAG_RECORRUPTED_TILE on a CPU (at most the ELBO's tile), the ELBO's tile elsewhere
     recorrupted_tile: int | None = None
-    # the recorrupted adaptation's steps (recorrupted_steps_and_lr); None: R2R_STEPS
+    # the recorrupted adaptation's steps (recorrupted_steps_and_lr); None: AG_RECORRUPTED_STEPS in adapt(),
+    # in adapt_each() GPU_OAG_RECORRUPTED_STEPS on a GPU and R2R_REFERENCE_STEPS on a CPU
     recorrupted_steps: int | None = None
     # keep "last": where the trust region or the noise bound stops an adaptation between two evaluations
     # after the start, keep the weights interpolated to where the bounded quantity meets its bound
@@ -359,13 +370,16 @@ def recorrupted_tile_for(cfg: AdaptConfig, device: torch.device, tile: int) -> i
     return tile
 
 
-def recorrupted_steps_and_lr(cfg: AdaptConfig) -> tuple[int, float]:
-    """Eq. (recorrupted steps): the recorrupted adaptation's steps, ``cfg.recorrupted_steps`` or
-    R2R_STEPS, and its learning rate, ``cfg.lr`` times R2R_STEPS / steps: Adam moves each weight by
-    about the learning rate per step, so fewer steps of a proportionally larger rate travel about as
-    far as the default's (measured at 10 steps: docs/reports/2026-12-06-oag-time-on-h100.md)."""
-    steps = cfg.recorrupted_steps or R2R_STEPS
-    return steps, cfg.lr if steps == R2R_STEPS else cfg.lr * R2R_STEPS / steps  # the default's rate to the bit
+def recorrupted_steps_and_lr(cfg: AdaptConfig, device: torch.device | str = "cpu") -> tuple[int, float]:
+    """Eq. (recorrupted steps): the recorrupted adaptation's steps, ``cfg.recorrupted_steps`` where set, else
+    GPU_OAG_RECORRUPTED_STEPS off a CPU and R2R_REFERENCE_STEPS on one (``device``, the adaptation's), and its
+    learning rate, ``cfg.lr`` times R2R_REFERENCE_STEPS / steps: Adam moves each weight by about the learning
+    rate per step, so fewer steps of a proportionally larger rate travel about as far as the rate's reference
+    steps (measured at 10 steps: docs/reports/2026-12-06-oag-time-on-h100.md)."""
+    on_cpu = torch.device(device).type == "cpu"
+    steps = cfg.recorrupted_steps or (R2R_REFERENCE_STEPS if on_cpu else GPU_OAG_RECORRUPTED_STEPS)
+    ref = R2R_REFERENCE_STEPS  # at its reference steps, the rate to the bit
+    return steps, cfg.lr if steps == ref else cfg.lr * ref / steps
 
 
 def default_group(device: torch.device) -> int:

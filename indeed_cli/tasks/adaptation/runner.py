@@ -311,14 +311,14 @@ def _pixel_chunks(images: list[np.ndarray], pixels: int) -> list[list[np.ndarray
     return [c for c in chunks if c]
 
 
-def recorrupted_settings(cfg: AdaptConfig) -> AdaptConfig:
-    """The settings the recorrupted adaptation runs with: R2R_STEPS steps (or ``cfg.recorrupted_steps``, with
-    the learning rate scaled to match: :func:`~.config.recorrupted_steps_and_lr`), evaluations at the start
-    and after the last step (and every R2R_EVAL_EVERY steps where that is set), the posterior means, and the
-    evaluated weights with the lowest recorrupted validation loss kept (the start's if none is lower); no
-    trust region, noise bound, first-change rule or patience, which were chosen for the ELBO's trajectories.
-    Batch, precision and group are ``cfg``'s."""
-    steps, lr = recorrupted_steps_and_lr(cfg)
+def recorrupted_settings(cfg: AdaptConfig, device: torch.device | str = "cpu") -> AdaptConfig:
+    """The settings the recorrupted adaptation runs with on ``device``: ``cfg.recorrupted_steps`` steps (where
+    None, the device's default), the learning rate scaled to match (:func:`~.config.recorrupted_steps_and_lr`),
+    evaluations at the start and after the last step (and every R2R_EVAL_EVERY steps where that is set), the
+    posterior means, and the evaluated weights with the lowest recorrupted validation loss kept (the start's if
+    none is lower); no trust region, noise bound, first-change rule or patience, which were chosen for the
+    ELBO's trajectories.  Batch, precision and group are ``cfg``'s."""
+    steps, lr = recorrupted_steps_and_lr(cfg, device)
     return replace(
         cfg, steps=steps, lr=lr, eval_every=R2R_EVAL_EVERY or steps, keep="best", patience=0, max_change=0.0,
         noise_bound=0.0, collapse_ratio=0.0, decide="always", sample=False,
@@ -417,8 +417,8 @@ def adapt_recorrupted(
     refuses every image or when no evaluation improved on the start; its ``recorrupted`` dict says
     which, with the gate's correlation per image; ``adapted_images`` which images the gate admitted.
     ``before``: why the ELBO adaptation kept the start, per entry (recorded)."""
-    r2r = recorrupted_settings(cfg)
     device = next(ckpt.model.parameters()).device
+    r2r = recorrupted_settings(cfg, device)
     tile = recorrupted_tile_for(cfg, device, tile)
     if R2R_BATCH:
         r2r = replace(r2r, batch=R2R_BATCH)
