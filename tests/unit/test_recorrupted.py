@@ -354,6 +354,34 @@ def test_grouped_recorrupted_adaptations_match_separate_ones(rng, monkeypatch, g
     assert any(not torch.equal(first[k], second[k]) for k in first if k.startswith("sparse."))
 
 
+def test_grouped_entries_of_several_images_draw_each_tiles_noise_from_its_own_image(rng, monkeypatch):
+    """Entries of several images grouped together: every tile's noise comes from the filter of the image
+    it was cut from (the group's filters are stacked, so an entry's image indices are offset by the
+    images of the entries before it), as when each entry adapts alone."""
+    from dataclasses import replace
+
+    clean = {}
+    _gate_readout(monkeypatch, lambda ys: [clean[y.tobytes()] for y in ys])
+    entries = []
+    for k, sigmas in enumerate([(0.02, 0.09), (0.08, 0.03)]):
+        entry = []
+        for j, sigma in enumerate(sigmas):
+            base = (_clean() * (0.5 + 0.2 * k + 0.1 * j)).astype(np.float32)
+            y = np.clip(base + _coloured_noise(rng, 1, 64, sigma)[0], 0, 1).astype(np.float32)
+            clean[y.tobytes()] = base
+            entry.append(y)
+        entries.append(entry)
+    cfg = AdaptConfig(objective="recorrupted", lr=3e-3, batch=4)
+    ck = _ckpt()
+    together = adapt_each(ck, entries, replace(cfg, group=2), tile=32)
+    alone = [adapt_each(ck, [entry], replace(cfg, group=1), tile=32)[0] for entry in entries]
+    assert all(r.best_step > 0 for r in alone)
+    for a, b in zip(together, alone):
+        np.testing.assert_allclose([h["loss"] for h in a.history], [h["loss"] for h in b.history], rtol=1e-4)
+        sa, sb = a.checkpoint.model.state_dict(), b.checkpoint.model.state_dict()
+        assert all(torch.allclose(sa[k], sb[k], atol=1e-5) for k in sb)
+
+
 def test_ag_auto_keeps_a_recorrupted_fallback_for_images_the_elbo_output_leaves(rng, monkeypatch):
     """InDeedAG with objective "auto": the ELBO's adaptation, and the recorrupted one on the same images
     as its fallback; per image (ag_image_result) the ELBO's output where the choice keeps it, else the

@@ -386,13 +386,15 @@ def _recorrupted_job(
     pool = pool.to(device)
     # the noise is drawn on the device (on the host it took longer than a GPU's adaptation steps)
     noise_gen = torch.Generator(device).manual_seed(cfg.seed + 1)
-    Ez = correlated_noise(roots[owner[ev].to(device)], noise_gen)
+    ev_on_device = indices_to(ev, device)
+    Ez = correlated_noise(roots[indices_to(owner[ev], device)], noise_gen)
     if gains is not None:
-        Ez = Ez * gains[ev.to(device)]
-    noisier, target = recorrupted_pair(pool[ev.to(device)], Ez)
+        Ez = Ez * gains[ev_on_device]
+    noisier, target = recorrupted_pair(pool[ev_on_device], Ez)
     # the drawn noise's level (recorded; with the start's loss over its variance: 1 + 1 / alpha^2 = 5
-    # plus the plain model's error, not used as a limit: docs/reports/2026-11-28-recorrupted-adaptation.md)
-    facts["noise_sigma"] = float(Ez.square().mean().sqrt()) * 255
+    # plus the plain model's error, not used as a limit: docs/reports/2026-11-28-recorrupted-adaptation.md);
+    # a tensor until the adaptation has run, so that preparing the jobs does not wait for the device
+    facts["noise_sigma"] = Ez.square().mean().sqrt() * 255
     job = {"pool": pool, "eval": noisier, "target": target, "gen": gen, "batch": min(cfg.batch, len(pool)),
            "sigma": None, "roots": roots, "owner": owner, "noise_gen": noise_gen, "gains": gains}  # fmt: skip
     return job, admitted, facts
@@ -443,7 +445,8 @@ def adapt_recorrupted(
             stop, history = "uncorrelated noise", []
         else:
             best, history, best_step, stop, _ = next(outcomes)
-            variance = (facts["noise_sigma"]) ** 2
+            facts["noise_sigma"] = float(facts["noise_sigma"])
+            variance = facts["noise_sigma"] ** 2
             facts["noise_sigma"] = round(facts["noise_sigma"], 4)
             facts["start_ratio"] = round(history[0]["loss"] / max(variance, 1e-12), 4)
             if best_step == 0:
@@ -521,6 +524,18 @@ def _average_gradients(params, scale: float) -> None:
             tdist.all_reduce(p.grad)
             if scale != 1.0:
                 p.grad.mul_(scale)
+
+
+def indices_to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor ``t`` (indices drawn by a host generator) on ``device`` without waiting for the device.
+
+    A plain host-to-GPU copy synchronises the stream: the host waits until the GPU has run all it was
+    given (the previous step's backward pass and update) before it may queue more.  Through pinned
+    memory the copy is queued like a kernel; the caching host allocator keeps the pinned block until
+    the copy has run."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 # Whether grouped recorrupted adaptations run f_thetaS's copies as channels-last grouped convolutions
@@ -630,21 +645,30 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
     history = [[{"step": 0, **s}] for s in start]
     rules = [EarlyStopping.start(cfg, s, j["sigma"]) for s, j in zip(start, jobs)]
     ranks = _ranks() if K == 1 else None  # one adaptation shared by the ranks of a process group
+    if r2r:  # every entry's noise filters in one tensor, and the filter of each row of ``pools`` in it
+        filters = torch.cat([j["roots"] for j in jobs])
+        filter_of = torch.zeros(K * size, dtype=torch.long)
+        first = 0
+        for k, j in enumerate(jobs):
+            filter_of[k * size : k * size + len(j["pool"])] = j["owner"] + first
+            first += len(j["roots"])
+        filter_of = filter_of.to(device)
     for step in range(1, cfg.steps + 1):
         idx = torch.stack([torch.randint(len(jobs[k]["pool"]), (b,), generator=jobs[k]["gen"]) for k in alive])
+        rows = indices_to(idx + torch.tensor(alive)[:, None] * size, device)  # (entries, b) rows of ``pools``
         if r2r:  # each entry's noise from its own generator, each tile's from its image's filter
             white = torch.stack(
                 [torch.randn(b, *pools.shape[1:], generator=jobs[k]["noise_gen"], device=device) for k in alive]
             )
-            roots = torch.stack([jobs[k]["roots"][jobs[k]["owner"][i].to(device)] for k, i in zip(alive, idx)])
-            z = coloured(roots.flatten(0, 1), white.flatten(0, 1)).view(len(alive), b, *pools.shape[1:])
+            z = coloured(filters[filter_of[rows]].flatten(0, 1), white.flatten(0, 1))
+            z = z.view(len(alive), b, *pools.shape[1:])
         split = ranks is not None and b >= ranks[1]
         if split:  # every rank draws the same batch and computes its part of it
-            idx = idx[:, ranks[0] :: ranks[1]]
+            rows = rows[:, ranks[0] :: ranks[1]]
             if r2r:
                 z = z[:, ranks[0] :: ranks[1]]
-        nb = idx.shape[1]
-        rows = (idx + torch.tensor(alive)[:, None] * size).flatten().to(device)
+        nb = rows.shape[1]
+        rows = rows.flatten()
         Y = pools[rows].view(len(alive), nb, *pools.shape[1:])
         if r2r:
             if gain_pools is not None:
