@@ -141,6 +141,16 @@ def tile_means(plane: Tensor, grid: TileGrid) -> Tensor:
     return (sums / t**2).float()
 
 
+def host_to_device(t: Tensor, device: torch.device) -> Tensor:
+    """Host -> ``device`` without waiting for the device.  A plain host-to-GPU copy synchronises the
+    stream: the host waits until the GPU has run all it was given before it may queue more.  Through
+    pinned memory the copy is queued like a kernel; the caching host allocator keeps the pinned block
+    until the copy has run."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _to_cpu(t: Tensor) -> Tensor:
     """Device -> host through pinned memory: a pageable copy of a large map ran at ~2 GB/s."""
     if t.device.type != "cuda":
@@ -189,7 +199,7 @@ def tiled_apply(
     home = torch.device("cpu")  # where the image is cut and the maps are accumulated
     if device.type == "cuda" and image.numel() * 4 <= resident_bytes:
         home = device
-        image, cols = image.pin_memory().to(device, non_blocking=True), cols.to(device)
+        image, cols = host_to_device(image, device), cols.to(device)
     # the rows of every tile row, moved to where the image is once: a copy of a pageable CPU
     # index per strip would make the host wait for the GPU once per strip (43 times for a 4096² image)
     strip_rows = torch.from_numpy(np.stack([g.rows(y) for y in g.ys])).to(home)

@@ -27,6 +27,7 @@ import torch.distributed as tdist
 from torch.func import vmap
 
 from ...inference import InferenceOptions, TileGrid, as_model_channels, shuffled_residuals
+from ...inference.tiling import host_to_device
 from ...model import Checkpoint, CheckpointError, load_checkpoint, resolve_weights
 from ..ood import image_ood_score
 from .config import (
@@ -386,8 +387,8 @@ def _recorrupted_job(
     pool = pool.to(device)
     # the noise is drawn on the device (on the host it took longer than a GPU's adaptation steps)
     noise_gen = torch.Generator(device).manual_seed(cfg.seed + 1)
-    ev_on_device = indices_to(ev, device)
-    Ez = correlated_noise(roots[indices_to(owner[ev], device)], noise_gen)
+    ev_on_device = host_to_device(ev, device)
+    Ez = correlated_noise(roots[host_to_device(owner[ev], device)], noise_gen)
     if gains is not None:
         Ez = Ez * gains[ev_on_device]
     noisier, target = recorrupted_pair(pool[ev_on_device], Ez)
@@ -445,10 +446,9 @@ def adapt_recorrupted(
             stop, history = "uncorrelated noise", []
         else:
             best, history, best_step, stop, _ = next(outcomes)
-            facts["noise_sigma"] = float(facts["noise_sigma"])
-            variance = facts["noise_sigma"] ** 2
-            facts["noise_sigma"] = round(facts["noise_sigma"], 4)
-            facts["start_ratio"] = round(history[0]["loss"] / max(variance, 1e-12), 4)
+            sigma = float(facts["noise_sigma"])
+            facts["noise_sigma"] = round(sigma, 4)
+            facts["start_ratio"] = round(history[0]["loss"] / max(sigma**2, 1e-12), 4)
             if best_step == 0:
                 stop = "no improvement" if stop == "steps" else stop
         if job is None or best_step == 0:
@@ -524,18 +524,6 @@ def _average_gradients(params, scale: float) -> None:
             tdist.all_reduce(p.grad)
             if scale != 1.0:
                 p.grad.mul_(scale)
-
-
-def indices_to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host tensor ``t`` (indices drawn by a host generator) on ``device`` without waiting for the device.
-
-    A plain host-to-GPU copy synchronises the stream: the host waits until the GPU has run all it was
-    given (the previous step's backward pass and update) before it may queue more.  Through pinned
-    memory the copy is queued like a kernel; the caching host allocator keeps the pinned block until
-    the copy has run."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 # Whether grouped recorrupted adaptations run f_thetaS's copies as channels-last grouped convolutions
@@ -655,7 +643,8 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
         filter_of = filter_of.to(device)
     for step in range(1, cfg.steps + 1):
         idx = torch.stack([torch.randint(len(jobs[k]["pool"]), (b,), generator=jobs[k]["gen"]) for k in alive])
-        rows = indices_to(idx + torch.tensor(alive)[:, None] * size, device)  # (entries, b) rows of ``pools``
+        # (entries, b) rows of ``pools``, copied without waiting for the previous step's backward pass and update
+        rows = host_to_device(idx + torch.tensor(alive)[:, None] * size, device)
         if r2r:  # each entry's noise from its own generator, each tile's from its image's filter
             white = torch.stack(
                 [torch.randn(b, *pools.shape[1:], generator=jobs[k]["noise_gen"], device=device) for k in alive]
