@@ -39,6 +39,7 @@ from common import cbm3d_method, ffdnet_method  # noqa: E402
 
 import indeed_cli.tasks.adaptation.runner as runner  # noqa: E402
 from indeed_cli import InferenceOptions, denoise, load_model  # noqa: E402
+from indeed_cli.inference import denoise_each  # noqa: E402
 from indeed_cli.io import read_image  # noqa: E402
 from indeed_cli.metrics import (  # noqa: E402
     add_awgn,
@@ -174,10 +175,13 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
             sync(device)
             t_adapt = time.perf_counter() - t
             readout = oag_readout(opts, ck_device(ck))
-            outs = [
-                denoise(res.checkpoint, y, readout, pixel_shuffle=pixel_shuffle)
-                for (_, y, _), res in zip(chunk, results)
-            ]
+            if pixel_shuffle == 1:  # the group's results read out together (grouped f_thetaS on a GPU)
+                outs = denoise_each([res.checkpoint for res in results], [y for _, y, _ in chunk], readout)
+            else:
+                outs = [
+                    denoise(res.checkpoint, y, readout, pixel_shuffle=pixel_shuffle)
+                    for (_, y, _), res in zip(chunk, results)
+                ]
             sync(device)
             per_image = (time.perf_counter() - t) / len(chunk)  # amortised over the chunk
             for (name, _, x), res, out in zip(chunk, results, outs):

@@ -27,7 +27,7 @@ from ..io import LoadedImage, image_from_pil, read_image
 from ..model import Checkpoint
 from ..model import posteriors as P
 from .channels import ChannelAdapter
-from .runtime import InferenceOptions, network_for
+from .runtime import InferenceOptions, network_for, resolve_precision
 from .tiling import TileGrid, tile_means, tiled_apply
 
 DECOMPOSE_MAPS = ("L", "S", "sigma_L", "sigma_S", "mu_omega", "mu_lambda")
@@ -298,9 +298,15 @@ def _run_whole(
 
 
 def _denoise_whole_batch(
-    ckpt: Checkpoint, stack: np.ndarray, opts: InferenceOptions, device: torch.device, progress=None
+    ckpt: Checkpoint,
+    stack: np.ndarray,
+    opts: InferenceOptions,
+    device: torch.device,
+    progress=None,
+    on_device: bool = False,
 ) -> torch.Tensor:
-    """L + S of B images of one size, (B, C, h, w) float32 -> (B, C, h, w) float32 CPU tensor: the
+    """L + S of B images of one size, (B, C, h, w) float32 -> (B, C, h, w) float32 CPU tensor (on
+    ``device`` with ``on_device``): the
     whole-image "denoise" read-out (:func:`_run_whole` calls it with B = 1), each network call made
     once for all B images.  The images are stacked along the channel axis, so one tile grid cuts the
     same tile of every image and the low-rank module factorises them in one batch (it works per
@@ -308,8 +314,20 @@ def _denoise_whole_batch(
     On a GPU a read-out of a small image costs kernel launches more than arithmetic, so B images
     cost about what one does."""
     net = network_for(ckpt, opts.precision)
+    adapter = ChannelAdapter(ckpt.config.channels, stack.shape[1])
+    with torch.inference_mode():
+        Y, L = _whole_lowrank(ckpt, net, adapter, stack, opts, device, progress)
+        mu_S, _ = net.sparse(Y - L, L)
+        return _whole_output(adapter, L, mu_S, stack.shape[-2:], on_device)
+
+
+def _whole_lowrank(
+    ckpt: Checkpoint, net, adapter: ChannelAdapter, stack: np.ndarray, opts: InferenceOptions, device, progress=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's inputs Y and mu_L of B images of one size ((B, C, h, w) float32), on ``device``,
+    padded to the model's size multiple: the low-rank module of ``net`` on every tile of every image
+    in one tiled run (the images stacked along the channel axis, as :func:`_denoise_whole_batch` says)."""
     B, C, h, w = stack.shape
-    adapter = ChannelAdapter(ckpt.config.channels, C)
 
     def lowrank_tiles(tiles: torch.Tensor) -> dict[str, torch.Tensor]:  # (n, B*C, t, t)
         n, t = tiles.shape[0], tiles.shape[-1]
@@ -318,29 +336,115 @@ def _denoise_whole_batch(
         return {"L": L.reshape(n, B * C, t, t)}
 
     counted = (lambda k: progress(k * B)) if progress is not None else None
+    batch = max(1, opts.batch_for(device) // B)  # tiles of every image: the network's batch stays as large
+    tiled, _ = tiled_apply(
+        lowrank_tiles,
+        torch.from_numpy(stack.reshape(B * C, h, w)),
+        opts.tile,
+        opts.overlap,
+        batch,
+        device,
+        progress=counted,
+        keep_on_device=True,
+    )
+    Y = _pad_to_multiple(adapter.to_model(torch.from_numpy(stack).to(device)), ckpt.config.multiple)
+    L = _pad_to_multiple(adapter.to_model(tiled["L"].reshape(B, C, h, w).to(device)), ckpt.config.multiple)
+    return Y, L
+
+
+def _whole_output(
+    adapter: ChannelAdapter, L: torch.Tensor, mu_S: torch.Tensor, size, on_device: bool = False
+) -> torch.Tensor:
+    """X = mu_L + mu_S cropped to ``size`` (h, w), in the image's channels, float32 on the CPU (where
+    it was computed with ``on_device``)."""
+    h, w = size
+    X = adapter.from_model(L[..., :h, :w].float() + mu_S[..., :h, :w].float())
+    return X if on_device else X.cpu()
+
+
+# Pixels of the images one grouped read-out (denoise_each) holds at once: 32 of 512 x 512, whose K
+# copies of f_thetaS's activations take a few GB of a GPU's memory in fp32.
+GROUPED_READOUT_PIXELS = 2**23
+
+
+def denoise_each(
+    ckpts: list[Checkpoint], images, opts: InferenceOptions | None = None, clip: bool = True
+) -> list[np.ndarray]:
+    """:func:`denoise` of each image with its own checkpoint (the plain read-out): the same numbers,
+    up to the rounding of batched and grouped convolutions.
+
+    InDeedOAG returns one checkpoint per image whose networks differ in f_thetaS alone
+    (:meth:`~indeed_cli.model.InDeed.with_parameters` shares the low-rank module).  On a GPU in fp32,
+    images of one size whose checkpoints share one low-rank module are read out together: the
+    low-rank module once on all their tiles, and the K copies of f_thetaS as one network of grouped
+    convolutions (:meth:`~indeed_cli.model.network.SparseModule.grouped`), up to
+    GROUPED_READOUT_PIXELS pixels a call.  One by one, a 512 x 512 read-out cost about 10 ms of
+    kernel launches and copies on a GPU (docs/reports/2026-11-28-oag-readout.md).  Other images
+    (another device or precision, whole-image read-out off, other modules adapted) are read out one
+    by one, as :func:`denoise` does."""
+    opts = opts or InferenceOptions()
+    data = [as_image(im)[0] for im in images]
+    if len(ckpts) != len(data):
+        raise ValueError(f"{len(ckpts)} checkpoints for {len(data)} images")
+    out: list = [None] * len(data)
+    together: dict[tuple, list[int]] = {}
+    for i, (ck, d) in enumerate(zip(ckpts, data)):
+        if _groups_readout(ck, d, opts):
+            key = (id(ck.model.lowrank), id(ck.config), d.shape)
+            together.setdefault(key, []).append(i)
+        else:
+            out[i] = _plain_batch(ck, [d], opts)[0]
+    for members in together.values():
+        h, w = data[members[0]].shape[1:]
+        chunk = max(1, GROUPED_READOUT_PIXELS // (h * w))
+        for c in range(0, len(members), chunk):
+            part = members[c : c + chunk]
+            X = _denoise_grouped([ckpts[i] for i in part], np.stack([data[i] for i in part]), opts).numpy()
+            for i, x in zip(part, X):
+                out[i] = x
+    return [clip_in_place(x) if clip else x for x in out]
+
+
+def _groups_readout(ckpt: Checkpoint, data: np.ndarray, opts: InferenceOptions) -> bool:
+    """Whether :func:`denoise_each` may read ``data`` out with others in one grouped call."""
+    device = next(ckpt.model.parameters()).device
+    return (
+        device.type == "cuda"
+        and resolve_precision(opts.precision, device) == "fp32"
+        and not opts.compile
+        and data.shape[0] == ckpt.config.channels
+        and reads_whole(ckpt, data, "denoise", opts)
+        and ckpt.model.sparse.groupable()
+    )
+
+
+def _denoise_grouped(ckpts: list[Checkpoint], stack: np.ndarray, opts: InferenceOptions) -> torch.Tensor:
+    """L + S of B images of one size, each with its own f_thetaS (the checkpoints share the low-rank
+    module): (B, C, h, w) float32 -> (B, C, h, w) float32 CPU tensor."""
+    first = ckpts[0]
+    opts.check(first.config.multiple)
+    device = next(first.model.parameters()).device
+    adapter = ChannelAdapter(first.config.channels, stack.shape[1])
+    modules = [ck.model.sparse for ck in ckpts]
     with torch.inference_mode():
-        batch = max(1, opts.batch_for(device) // B)  # tiles of every image: the network's batch stays as large
-        tiled, _ = tiled_apply(
-            lowrank_tiles,
-            torch.from_numpy(stack.reshape(B * C, h, w)),
-            opts.tile,
-            opts.overlap,
-            batch,
-            device,
-            progress=counted,
-            keep_on_device=True,
-        )
-        Y = _pad_to_multiple(adapter.to_model(torch.from_numpy(stack).to(device)), ckpt.config.multiple)
-        L = _pad_to_multiple(adapter.to_model(tiled["L"].reshape(B, C, h, w).to(device)), ckpt.config.multiple)
-        mu_S, _ = net.sparse(Y - L, L)
-        X = L[..., :h, :w].float() + mu_S[..., :h, :w].float()
-        return adapter.from_model(X).cpu()
+        Y, L = _whole_lowrank(first, first.model, adapter, stack, opts, device)
+        if all(m is modules[0] for m in modules):  # one network: a plain batch
+            mu_S, _ = modules[0](Y - L, L)
+        else:
+            own = [dict(m.named_parameters()) for m in modules]
+            weights = {n: torch.stack([p[n] for p in own]) for n in own[0]}
+            mu_S, _ = modules[0].grouped((Y - L)[:, None], L[:, None], weights)
+            mu_S = mu_S[:, 0]
+        return _whole_output(adapter, L, mu_S, stack.shape[-2:])
 
 
-def _plain_batch(ckpt: Checkpoint, data: list[np.ndarray], opts: InferenceOptions, progress=None) -> list[np.ndarray]:
+def _plain_batch(
+    ckpt: Checkpoint, data: list[np.ndarray], opts: InferenceOptions, progress=None, on_device: bool = False
+) -> list[np.ndarray] | list[torch.Tensor]:
     """L + S (not clipped) of (C, h, w) images: those of one size read out together
     (:func:`_denoise_whole_batch`) where :func:`reads_whole` holds for them, at most
-    :data:`WHOLE_IMAGE_PIXELS` pixels per call (a whole image's memory); the others one by one."""
+    :data:`WHOLE_IMAGE_PIXELS` pixels per call (a whole image's memory); the others one by one.
+    Arrays, or with ``on_device`` tensors left on the model's device (for work that continues there)."""
     opts.check(ckpt.config.multiple)
     device = next(ckpt.model.parameters()).device
     out: list = [None] * len(data)
@@ -349,14 +453,15 @@ def _plain_batch(ckpt: Checkpoint, data: list[np.ndarray], opts: InferenceOption
         if reads_whole(ckpt, d, "denoise", opts):
             by_size.setdefault(d.shape, []).append(i)
         else:
-            out[i] = _run(ckpt, d, "denoise", opts, progress)[0]["X"].numpy()
+            X = _run(ckpt, d, "denoise", opts, progress)[0]["X"]
+            out[i] = X.to(device) if on_device else X.numpy()
     for (C, h, w), members in by_size.items():
         planes = C if ckpt.config.channels == 1 else 1
         chunk = max(1, WHOLE_IMAGE_PIXELS // (h * w * planes))
         for c in range(0, len(members), chunk):
             part = members[c : c + chunk]
-            X = _denoise_whole_batch(ckpt, np.stack([data[i] for i in part]), opts, device, progress).numpy()
-            for i, x in zip(part, X):
+            X = _denoise_whole_batch(ckpt, np.stack([data[i] for i in part]), opts, device, progress, on_device)
+            for i, x in zip(part, X if on_device else X.numpy()):
                 out[i] = x
     return out
 
@@ -481,6 +586,13 @@ def pixel_shuffle_guards(plain: torch.Tensor, shuffled: torch.Tensor) -> torch.T
 GUARD_PIXELS = 2**24  # pixels of the images guarded in one call on the model's device (16 of 1024 x 1024)
 
 
+def _stacked(items: list, device: torch.device) -> torch.Tensor:
+    """Arrays or tensors of one shape as one tensor on ``device``."""
+    if all(torch.is_tensor(x) for x in items):
+        return torch.stack([x.to(device) for x in items])
+    return torch.from_numpy(np.stack([np.asarray(x) for x in items])).to(device)
+
+
 def guarded_readouts(
     device: torch.device, plain: list[np.ndarray], shuffled: list[np.ndarray], images: list[np.ndarray] | None = None
 ):
@@ -496,7 +608,7 @@ def guarded_readouts(
         step = max(1, GUARD_PIXELS // (h * w))
         for c in range(0, len(members), step):
             part = members[c : c + step]
-            P, S = (torch.from_numpy(np.stack([a[i] for i in part])).to(device) for a in (plain, shuffled))
+            P, S = (_stacked([a[i] for i in part], device) for a in (plain, shuffled))
             X = pixel_shuffle_guards(P, S)
             if images is None:
                 yield part, X
@@ -536,17 +648,24 @@ def _skip_sub_images(data: np.ndarray, opts: InferenceOptions, progress=None) ->
 
 
 def shuffled_readouts(
-    ckpt: Checkpoint, images: list[np.ndarray], stride: int, opts: InferenceOptions, progress=None
-) -> list[np.ndarray]:
+    ckpt: Checkpoint,
+    images: list[np.ndarray],
+    stride: int,
+    opts: InferenceOptions,
+    progress=None,
+    on_device: bool = False,
+) -> list[np.ndarray] | list[torch.Tensor]:
     """The stride x stride sub-images of each (C, h, w) image, each denoised on its own and put back
     in place, not clipped, before :func:`pixel_shuffle_guard`; the sub-images of all the images
-    are read out together where they have one size (:func:`denoise_batch`)."""
+    are read out together where they have one size (:func:`denoise_batch`).  Arrays, or with
+    ``on_device`` tensors put together on the model's device (:func:`_plain_batch`)."""
     k2 = stride * stride
     subs = [np.ascontiguousarray(d[:, k // stride :: stride, k % stride :: stride]) for d in images for k in range(k2)]
-    read = _plain_batch(ckpt, subs, opts, progress)
+    read = _plain_batch(ckpt, subs, opts, progress, on_device)
+    device = next(ckpt.model.parameters()).device
     outs = []
     for n, d in enumerate(images):
-        out = np.empty_like(d)
+        out = torch.empty(d.shape, device=device) if on_device else np.empty_like(d)
         for k in range(k2):
             out[:, k // stride :: stride, k % stride :: stride] = read[n * k2 + k]
         outs.append(out)
@@ -741,8 +860,10 @@ def shuffled_residuals(
     data = [as_image(im)[0] for im in images]
     for d in data:
         _check_fits(d, stride)
-    plain = _plain_batch(ckpt, data, opts)
-    shuffled = shuffled_readouts(ckpt, data, stride, opts)
+    # the read-outs stay on the model's device: through the host and back they had taken most of the
+    # gate's time on a GPU (docs/reports/2026-12-06-oag-readouts-on-the-device.md)
+    plain = _plain_batch(ckpt, data, opts, None, True)
+    shuffled = shuffled_readouts(ckpt, data, stride, opts, None, True)
     device = next(ckpt.model.parameters()).device
     out: list = [None] * len(data)
     for members, X, Y in guarded_readouts(device, plain, shuffled, data):

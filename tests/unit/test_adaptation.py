@@ -164,6 +164,36 @@ def test_oag_results_share_only_the_frozen_weights(rng):
     assert any(not torch.equal(models[0].get_parameter(k), start[k]) for k in start if k.startswith("sparse."))
 
 
+def test_oag_results_read_out_together_equal_each_read_out_alone(rng, monkeypatch):
+    """denoise_each reads OAG's results out as one grouped network (on a GPU): every image's output is
+    the one its own checkpoint gives alone; a result that kept the starting weights, and an image of
+    another size, go with them.  Forced here on the CPU."""
+    import indeed_cli.inference.decomposition as D
+    from indeed_cli.inference import InferenceOptions, denoise, denoise_each
+
+    ck = _ckpt(3)
+    imgs = [rng.random((3, 40, 36)).astype(np.float32) for _ in range(3)] + [rng.random((3, 32, 48)).astype(np.float32)]
+    cfg = AdaptConfig(modules="S", steps=3, lr=1e-3, eval_every=1, max_change=0.0, sample=False, decide="always",
+                      noise_bound=0.0, keep="last", group=4)  # fmt: skip
+    res = adapt_each(ck, [[x] for x in imgs], cfg, tile=32)
+    ckpts = [r.checkpoint for r in res]
+    start = {n: p for n, p in ck.model.named_parameters() if n.startswith("sparse.")}
+    ckpts[1] = replace(ckpts[1], model=ckpts[0].model.with_parameters(start))  # kept the starting weights
+    opts = InferenceOptions(tile=32, overlap=8)
+    alone = [denoise(c, x, opts) for c, x in zip(ckpts, imgs)]
+    calls = []
+    grouped = D._denoise_grouped
+    monkeypatch.setattr(D, "_groups_readout", lambda ck, d, o: True)
+    monkeypatch.setattr(D, "_denoise_grouped", lambda cks, st, o: calls.append(len(cks)) or grouped(cks, st, o))
+    together = denoise_each(ckpts, imgs, opts)
+    assert sorted(calls) == [1, 3]  # the three images of one size in one call
+    for a, b in zip(alone, together):
+        np.testing.assert_allclose(b, a, atol=2e-5)
+    assert np.abs(alone[0] - alone[2]).max() > 1e-4  # the copies differ: a shared f_thetaS would fail above
+    with pytest.raises(ValueError, match="checkpoints for"):
+        denoise_each(ckpts[:2], imgs, opts)
+
+
 def test_oag_readout_is_fp32_on_a_gpu_only():
     from indeed_cli.inference import InferenceOptions
     from indeed_cli.tasks.adaptation import oag_readout

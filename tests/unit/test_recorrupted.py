@@ -55,6 +55,26 @@ def test_sampled_noise_has_the_covariance_it_was_estimated_from(rng):
     assert abs(got[3] - want[3]) < 0.06 and got[3] > 0.7  # channels 0 and 1
 
 
+def test_noise_filters_of_a_group_at_once_equal_each_alone(rng, monkeypatch):
+    """spectrum_roots batches the filters of residuals of one spectrum shape (in runs of ROOTS_AT_ONCE);
+    each is the one spectrum_root gives its residual alone, and a smaller residual keeps its own."""
+    import indeed_cli.tasks.adaptation.recorrupted as R
+
+    residuals = [
+        rng.normal(0, 0.1, (3, 96, 80)),
+        _coloured_noise(rng, n=1, size=128)[0],
+        rng.normal(0, 0.2, (3, 40, 48)),
+    ]
+    residuals.append(residuals[1] * 0.5)
+    monkeypatch.setattr(R, "ROOTS_AT_ONCE", 2)
+    roots = R.spectrum_roots(residuals, 32)
+    for r, root in zip(residuals, roots):
+        alone = spectrum_root(noise_spectrum(r), 32)
+        assert root.shape == alone.shape == (32, 32, 3, 3)
+        torch.testing.assert_close(root, alone, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(roots[1], roots[3])  # the filters are each residual's own
+
+
 def test_recorrupted_copies_have_independent_noises_when_z_matches_the_noise(rng):
     """Eq. (recorrupted pair): cov(n + a z, n - z / a) = cov(n) - cov(z) = 0, per pixel and at lag 1."""
     n = torch.from_numpy(_coloured_noise(rng, n=64, size=64)).float()
@@ -420,8 +440,8 @@ def test_recorrupted_tile_and_batch_settings_reach_its_job(rng, monkeypatch):
     seen = []
     job_of = runner._recorrupted_job
 
-    def spy(ckpt, images, gated, cfg, tile, levels=None):
-        out = job_of(ckpt, images, gated, cfg, tile, levels)
+    def spy(ckpt, images, gated, cfg, tile, levels=None, roots=None):
+        out = job_of(ckpt, images, gated, cfg, tile, levels, roots)
         seen.append((tile, out[0]["pool"].shape[-1], out[0]["batch"], out[0]["roots"].shape[1]))
         return out
 

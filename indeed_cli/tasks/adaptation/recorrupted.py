@@ -62,21 +62,42 @@ def spectrum_root(spectrum: torch.Tensor, size: int, lag: int = SPECTRUM_LAG) ->
     ``size`` frequency grid, (size, size, C, C) complex64 on the spectrum's device: the filter that
     turns white noise into noise of that covariance.  The autocovariance is kept up to ``lag`` pixels
     with a cosine taper (the block estimate is noisy at long lags) and negative eigenvalues are set
-    to 0."""
-    C, _, b, _ = spectrum.shape
-    cov = torch.fft.ifft2(spectrum).real  # (C, C, b, b): autocovariance at circular lags
+    to 0.  A stack of spectra (n, C, C, b, b) gives a stack of roots (n, size, size, C, C)."""
+    b = spectrum.shape[-1]
+    cov = torch.fft.ifft2(spectrum).real  # (..., C, C, b, b): autocovariance at circular lags
     lag = min(lag, (size - 1) // 2, (b - 1) // 2)
     k = torch.arange(-lag, lag + 1, device=spectrum.device)
     taper = torch.cos(torch.pi * k / (2 * (lag + 1))).to(cov.dtype)
-    grid = cov.new_zeros(C, C, size, size)
-    grid[:, :, (k % size)[:, None], (k % size)[None, :]] = cov[:, :, (k % b)[:, None], (k % b)[None, :]] * (
+    grid = cov.new_zeros(*cov.shape[:-2], size, size)
+    grid[..., (k % size)[:, None], (k % size)[None, :]] = cov[..., (k % b)[:, None], (k % b)[None, :]] * (
         taper[:, None] * taper[None, :]
     )
-    S = torch.fft.fft2(grid).permute(2, 3, 0, 1)  # (size, size, C, C)
+    S = torch.fft.fft2(grid).movedim((-4, -3), (-2, -1))  # (..., size, size, C, C)
     S = 0.5 * (S + S.conj().transpose(-1, -2))
     lam, V = torch.linalg.eigh(S)
     root = (V * lam.clamp(min=0).sqrt().to(V.dtype)[..., None, :]) @ V.conj().transpose(-1, -2)
     return root.to(torch.complex64)
+
+
+ROOTS_AT_ONCE = 64  # noise filters computed in one batched call (each holds size x size small eigenproblems)
+
+
+def spectrum_roots(residuals: list, size: int, device: torch.device | str | None = None) -> list[torch.Tensor]:
+    """:func:`spectrum_root` of each residual's :func:`noise_spectrum` (Eq. noise spectrum), the spectra
+    of one shape up to ROOTS_AT_ONCE in one call: on a GPU one batched eigendecomposition for an OAG
+    group instead of one per image.  The same filters as one by one, up to the rounding of batched
+    eigensolvers."""
+    spectra = [noise_spectrum(r, device=device) for r in residuals]
+    out: list = [None] * len(spectra)
+    by_shape: dict[tuple, list[int]] = {}
+    for i, sp in enumerate(spectra):
+        by_shape.setdefault(tuple(sp.shape), []).append(i)
+    for members in by_shape.values():
+        for c in range(0, len(members), ROOTS_AT_ONCE):
+            part = members[c : c + ROOTS_AT_ONCE]
+            for i, root in zip(part, spectrum_root(torch.stack([spectra[i] for i in part]), size)):
+                out[i] = root
+    return out
 
 
 def correlated_noise(roots: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:

@@ -69,10 +69,9 @@ from .recorrupted import (
     flat_block_recolour,
     gray_luminance_recolour,
     noise_gain,
-    noise_spectrum,
     recorrupted_pair,
     robust_level_scale,
-    spectrum_root,
+    spectrum_roots,
 )
 from .stopping import EarlyStopping
 
@@ -166,8 +165,9 @@ def adapt_each(
     for i, job, (best, history, best_step, stop, share) in zip(todo, jobs, outcomes):
         info = {"best_step": best_step, "stop": stop, "stop_share": share, "noise_sigma": job["sigma"],
                 "loss_curve": history}  # fmt: skip
+        kept = best if best_step > 0 or share else None  # None: the starting weights
         results[i] = AdaptResult(
-            _adapted_checkpoint(ckpt, model, best, cfg, info), history, best_step, stop, *decisions[i]
+            _adapted_checkpoint(ckpt, model, kept, cfg, info), history, best_step, stop, *decisions[i]
         )
     if cfg.objective in ("auto", "recorrupted"):
         again = [i for i, res in enumerate(results) if res.best_step == 0 and res.stop != "in distribution"]
@@ -352,14 +352,22 @@ def recorruption_levels(
 
 
 def _recorrupted_job(
-    ckpt: Checkpoint, images: list[np.ndarray], gated: list, cfg: AdaptConfig, tile: int, levels: list | None = None
+    ckpt: Checkpoint,
+    images: list[np.ndarray],
+    gated: list,
+    cfg: AdaptConfig,
+    tile: int,
+    levels: list | None = None,
+    roots: list[torch.Tensor] | None = None,
 ):
     """Given the gate's verdicts on ``images`` (:func:`recorruption_gates`), where it admits any,
     their adaptation job for :func:`_adapt_group`: the tiles of the admitted images, the owner of
     each tile, one noise filter per admitted image (Eq. noise spectrum), with
     ``cfg.recorruption_noise`` "signal" each tile's level map (``levels``, from
     :func:`recorruption_levels`, computed here when None), and the recorrupted evaluation tiles
-    (R2R_EVAL_DRAWS fixed noise draws per tile).  Returns (job or None, admitted flags, facts)."""
+    (R2R_EVAL_DRAWS fixed noise draws per tile).  ``roots``: the admitted images' noise filters where
+    they were computed already (:func:`recorrupted.spectrum_roots`, a group's at once).  Returns (job or
+    None, admitted flags, facts)."""
     device = next(ckpt.model.parameters()).device
     facts: dict = {"correlation": [round(c, 4) for _, c, _ in gated]}
     chosen = [(im, r) for im, (ok, _, r) in zip(images, gated) if ok]
@@ -367,7 +375,7 @@ def _recorrupted_job(
     if not chosen:
         return None, admitted, facts
     gen = torch.Generator().manual_seed(cfg.seed)
-    roots = torch.stack([spectrum_root(noise_spectrum(residual, device=device), tile) for _, residual in chosen])
+    roots = torch.stack(roots if roots is not None else spectrum_roots([r for _, r in chosen], tile, device))
     if cfg.recorruption_noise == "signal":  # each tile's level map cut with it (one cut of both)
         C = chosen[0][0].shape[0]
         if levels is None:
@@ -434,9 +442,13 @@ def adapt_recorrupted(
         else [None] * len(flat)
     )
     gates = iter(gated)
+    entry_gates = [[next(gates) for _ in images] for images in image_sets]
+    roots = iter(spectrum_roots([r for ok, _, r in gated if ok], tile, device))  # the group's filters at once
     prepared = [
-        _recorrupted_job(ckpt, images, [next(gates) for _ in images], r2r, tile, [next(levels) for _ in images])
-        for images in image_sets
+        _recorrupted_job(
+            ckpt, images, g, r2r, tile, [next(levels) for _ in images], [next(roots) for ok, _, _ in g if ok]
+        )
+        for images, g in zip(image_sets, entry_gates)
     ]
     jobs = [job for job, _, _ in prepared if job is not None]
     outcomes = iter(_run_jobs(model, names, frozen, jobs, r2r, log))
@@ -465,11 +477,15 @@ def adapt_recorrupted(
     return results
 
 
-def _adapted_checkpoint(ckpt: Checkpoint, model, best: dict, cfg: AdaptConfig, info: dict) -> Checkpoint:
+def _adapted_checkpoint(ckpt: Checkpoint, model, best: dict | None, cfg: AdaptConfig, info: dict) -> Checkpoint:
     """``model`` with the adapted weights ``best`` (sharing its frozen modules), as a checkpoint whose
-    training record says what it was adapted from and how: ``cfg`` and ``info`` under "adapted"."""
+    training record says what it was adapted from and how: ``cfg`` and ``info`` under "adapted".
+    ``best`` None: the starting weights, ``model`` itself, shared (adaptation trains copies of its
+    weights and never changes it).  Where the ELBO keeps the start, the recorrupted objective usually
+    runs next, and a copy had cost about 4 ms per image of a GPU group's time for nothing (one NVIDIA
+    H100, docs/reports/2026-12-06-oag-readouts-on-the-device.md)."""
     training = {**ckpt.training, "adapted": {"parent": ckpt.source, **asdict(cfg), **info}}
-    adapted = model.with_parameters(best).eval()
+    adapted = model if best is None else model.with_parameters(best).eval()
     return Checkpoint(adapted, ckpt.config, training, dict(ckpt.extra), ckpt.source + " (adapted)")
 
 
@@ -508,6 +524,13 @@ def adapt_images(
         for i, res in zip(members, adapt_each(ckpt, sets, cfg, tile)):
             results[i], together[i] = res, len(members)
     return results, together
+
+
+def _optimizer(params: dict, lr: float, device: torch.device) -> torch.optim.Adam:
+    """Adam over the adapted weights: fused kernels on a GPU (one launch for all weights instead of
+    several per weight; OAG's time per image on an NVIDIA H100 fell by 2-7%,
+    docs/reports/2026-12-06-oag-readouts-on-the-device.md), the default elsewhere."""
+    return torch.optim.Adam(list(params.values()), lr=lr, fused=device.type == "cuda" or None)
 
 
 def _ranks() -> tuple[int, int] | None:
@@ -600,7 +623,7 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
 
         view = params
     best_params = {n: v.detach().clone() for n, v in view.items()}
-    opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
+    opt = _optimizer(params, cfg.lr, device)
     E = torch.stack([j["eval"] for j in jobs])  # (K, n_eval, C, t, t)
     targets = torch.stack([j["target"] for j in jobs]) if r2r else None
     size = max(len(j["pool"]) for j in jobs)
@@ -714,7 +737,7 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
                 }
                 for n in names
             }
-            opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
+            opt = _optimizer(params, cfg.lr, device)
             for n, v in params.items():
                 opt.state[v] = state[n]
             view, E, X0 = params, E[sel], X0[sel]
