@@ -619,6 +619,7 @@ def test_the_gate_recolours_the_residuals_it_admits(rng, monkeypatch):
     _gate_readout(monkeypatch, lambda ys: [y - r for _ in ys])
     ck = _ckpt()
     monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", -1.0)  # admitted (the residual here is white)
+    monkeypatch.setattr(runner, "R2R_MIN_FLAT_CORRELATION", -1.0)
     ((ok, _, got),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
     want, changed = flat_block_recolour(torch.from_numpy(y), torch.from_numpy(y - (y - r)))
     assert ok and changed
@@ -632,6 +633,27 @@ def test_the_gate_recolours_the_residuals_it_admits(rng, monkeypatch):
     ((ok, _, got),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
     assert not ok
     np.testing.assert_allclose(got, r, atol=1e-7)
+
+
+def test_the_gate_reads_the_correlation_where_the_image_is_flat_too(rng, monkeypatch):
+    """Eq. (recorruption gate), second condition: white noise on a textured image whose read-out lost part
+    of the texture leaves a residual correlated over the image (the texture) but not in its flattest
+    blocks; correlated noise is correlated in both and stays admitted."""
+    from indeed_cli.tasks.adaptation import runner
+
+    size = 64
+    texture = 0.1 * np.sin(np.arange(size) / 1.5)[None, None, :] * np.ones((3, size, 1))
+    texture[:, :, : size // 2] = 0  # the left half is flat
+    clean = 0.5 + texture
+    white = (clean + rng.normal(0, 0.02, clean.shape)).astype(np.float32)
+    coloured = (clean + _coloured_noise(rng, 1, size, sigma=0.02)[0]).astype(np.float32)
+    readout = (0.5 + 0.5 * texture).astype(np.float32)  # half the texture lost: the flat half varies least
+    _gate_readout(monkeypatch, lambda ys: [readout for _ in ys])
+    (w_ok, w_corr, _), (c_ok, c_corr, _) = runner.recorruption_gates(_ckpt(), [white, coloured], keep_on_device=False)
+    assert min(w_corr, c_corr) >= runner.R2R_MIN_CORRELATION  # both pass the whole image's condition
+    assert c_ok and not w_ok
+    monkeypatch.setattr(runner, "R2R_MIN_FLAT_CORRELATION", -1.0)
+    assert runner.recorruption_gates(_ckpt(), [white], keep_on_device=False)[0][0]  # the flat blocks decided
 
 
 def test_flat_block_recolour_reads_noise_kept_by_the_read_out_but_not_smooth_detail(rng):
@@ -706,6 +728,7 @@ def test_gate_takes_the_gray_models_luminance_where_the_flat_blocks_left_r(monke
     monkeypatch.setattr(runner, "shuffled_residuals", readouts)
     monkeypatch.setattr(runner, "_gray_model", lambda device: object())
     monkeypatch.setattr(runner, "FLAT_RECOLOUR", False)
+    monkeypatch.setattr(runner, "R2R_MIN_FLAT_CORRELATION", -1.0)  # R here is white: admitted all the same
     m = tiny_model(3)
     ckpt = Checkpoint(m, m.cfg, {}, {}, "tiny")
     monkeypatch.setattr(runner, "GRAY_LUMINANCE", False)
@@ -753,6 +776,7 @@ def test_the_gate_scales_admitted_residuals_to_the_robust_level(rng, monkeypatch
     r = (0.02 * rng.standard_normal((3, 64, 64)) ** 3).astype(np.float32)  # heavy-tailed: scale < 1
     _gate_readout(monkeypatch, lambda ys: [y - r for _ in ys])
     monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", -1.0)
+    monkeypatch.setattr(runner, "R2R_MIN_FLAT_CORRELATION", -1.0)
     monkeypatch.setattr(runner, "FLAT_RECOLOUR", False)
     ck = _ckpt()
     ((ok, _, plain),) = runner.recorruption_gates(ck, [y], keep_on_device=False)

@@ -197,15 +197,12 @@ def robust_level_scale(noisy, residual, bins: int = GAIN_BINS) -> float:
     return min(1.0, robust_noise_level(level_of, r, bins) / rms)
 
 
-def flat_block_covariances(
+def flat_blocks(
     noisy: torch.Tensor, residual: torch.Tensor, block: int, share: float
-) -> tuple[torch.Tensor, torch.Tensor, float, float] | None:
-    """Eq. (flat-block channel covariance) of a (C, h, w) image Y and the gate's residual R (tensors on
-    one device): in the ``share`` of its ``block`` x ``block`` blocks where the read-out X = Y - R
-    varies least, the (C, C) covariance of Y about each block's mean, that of R, the read-out's
-    mean variance there over the first's trace (how flat those blocks are), and the lag-2
-    correlation of the read-out's variation there (along rows and columns pooled: about 0 for noise
-    the read-out kept, high for smooth detail; float64).  None for an image smaller than one block."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The ``share`` of a (C, h, w) image Y's ``block`` x ``block`` blocks where the read-out X = Y - R
+    (R the gate's residual; tensors on one device) varies least: Y, R and X there, each (n, C, block,
+    block) in float64.  None for an image smaller than one block."""
     C, h, w = noisy.shape
     hb, wb = h // block, w // block
     if hb * wb == 0:
@@ -220,15 +217,49 @@ def flat_block_covariances(
     activity = Xv.var((-2, -1), unbiased=False).sum(-1).flatten()
     chosen = torch.argsort(activity, stable=True)[: max(1, int(share * len(activity)))]
     rows, cols = chosen // wb, chosen % wb
-    Yb, Rb, Xb = (b[rows, cols].double().flatten(-2) for b in (blocks(noisy), blocks(residual), Xv))
-    D, E, V = (b - b.mean(-1, keepdim=True) for b in (Yb, Rb, Xb))
+    Yb, Rb, Xb = (b[rows, cols].double() for b in (blocks(noisy), blocks(residual), Xv))
+    return Yb, Rb, Xb
+
+
+def _lag_correlation_in_blocks(V: torch.Tensor, lag: int) -> torch.Tensor:
+    """The correlation of (n, C, b, b) blocks, each about its own mean, with themselves ``lag`` pixels
+    along rows and columns, pooled."""
+    V = V - V.mean((-2, -1), keepdim=True)
+    right, down = (V[..., lag:], V[..., :-lag]), (V[..., lag:, :], V[..., :-lag, :])
+    return sum((a * b).sum() for a, b in (right, down)) / sum((a * a).sum() for a, _ in (right, down)).clamp_min(1e-300)
+
+
+def flat_block_covariances(
+    noisy: torch.Tensor, residual: torch.Tensor, block: int, share: float
+) -> tuple[torch.Tensor, torch.Tensor, float, float] | None:
+    """Eq. (flat-block channel covariance) of a (C, h, w) image Y and the gate's residual R (tensors on
+    one device): in the ``share`` of its ``block`` x ``block`` blocks where the read-out X = Y - R
+    varies least (:func:`flat_blocks`), the (C, C) covariance of Y about each block's mean, that of R,
+    the read-out's mean variance there over the first's trace (how flat those blocks are), and the lag-2
+    correlation of the read-out's variation there (along rows and columns pooled: about 0 for noise
+    the read-out kept, high for smooth detail; float64).  None for an image smaller than one block."""
+    found = flat_blocks(noisy, residual, block, share)
+    if found is None:
+        return None
+    Yb, Rb, Xb = (b.flatten(-2) for b in found)
+    D, E = (b - b.mean(-1, keepdim=True) for b in (Yb, Rb))
     count = D.shape[0] * D.shape[2]
     C_y, C_r = (torch.einsum("nip,njp->ij", a, a) / count for a in (D, E))
-    V = V.reshape(*V.shape[:2], block, block)
-    right, down = (V[..., 2:], V[..., :-2]), (V[..., 2:, :], V[..., :-2, :])
-    lag2 = sum((a * b).sum() for a, b in (right, down)) / sum((a * a).sum() for a, _ in (right, down)).clamp_min(1e-300)
+    lag2 = _lag_correlation_in_blocks(found[2], 2)
     kept = Xb.var(-1, unbiased=False).sum(-1).mean()
     return C_y, C_r, float(kept / C_y.trace().clamp_min(1e-300)), float(lag2)
+
+
+def flat_block_correlation(
+    noisy: torch.Tensor, residual: torch.Tensor, block: int = FLAT_BLOCK, share: float = FLAT_SHARE
+) -> float | None:
+    """Eq. (recorruption gate)'s second condition: the lag-1 correlation of the gate's residual R in the
+    ``share`` of the blocks where the read-out varies least (:func:`flat_blocks`), each block about its
+    mean, rows and columns pooled.  There R is noise, not lost detail: demosaicked camera noise keeps its
+    correlation (development crops 0.32-0.66), white noise has none (σ 5: 0.00-0.42, median 0.05).  None
+    for an image smaller than one block."""
+    found = flat_blocks(noisy, residual, block, share)
+    return None if found is None else float(_lag_correlation_in_blocks(found[1], 1))
 
 
 def flat_block_recolour(

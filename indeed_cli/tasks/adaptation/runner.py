@@ -46,6 +46,7 @@ from .config import (
     R2R_EVAL_DRAWS,
     R2R_EVAL_EVERY,
     R2R_MIN_CORRELATION,
+    R2R_MIN_FLAT_CORRELATION,
     R2R_SHUFFLE,
     AdaptConfig,
     AdaptResult,
@@ -66,6 +67,7 @@ from .objective import (
 from .recorrupted import (
     coloured,
     correlated_noise,
+    flat_block_correlation,
     flat_block_recolour,
     gray_luminance_recolour,
     noise_gain,
@@ -221,7 +223,8 @@ def recorruption_gates(
     else an array (:func:`fits_on_device`).
 
     It runs where R is correlated between neighbouring pixels (lag-1 correlation at least
-    R2R_MIN_CORRELATION): demosaicked camera noise.  Where the noise is white the plain read-out
+    R2R_MIN_CORRELATION), over the image and in its flattest blocks (R2R_MIN_FLAT_CORRELATION):
+    demosaicked camera noise.  Where the noise is white the plain read-out
     removes it already, and R is mostly the white noise plus the detail the pixel-shuffled read-out
     loses, so the noise drawn from it would be too strong.  The read-outs of all the images are
     made together, and their guard, residual and correlation computed on the model's device
@@ -235,7 +238,7 @@ def recorruption_gates(
         residuals = shuffled_residuals(ckpt, chunk, R2R_SHUFFLE, keep_on_device=keep_on_device)
         start, unchanged = len(gated), []
         for i, (im, (residual, c)) in enumerate(zip(chunk, residuals)):
-            admitted = c >= R2R_MIN_CORRELATION
+            admitted = c >= R2R_MIN_CORRELATION and _flat_correlated(im, residual, device)
             changed = False
             if admitted and FLAT_RECOLOUR:  # noise the residual missed (Eq. flat-block recolouring)
                 R = torch.as_tensor(residual).to(device)
@@ -254,6 +257,13 @@ def recorruption_gates(
                 if admitted:
                     gated[i] = (admitted, c, residual * robust_level_scale(im, residual))
     return gated
+
+
+def _flat_correlated(image, residual, device) -> bool:
+    """Eq. (recorruption gate)'s second condition: R is correlated where the read-out is flat too (or the
+    image is smaller than one block)."""
+    c = flat_block_correlation(torch.as_tensor(image).to(device), torch.as_tensor(residual).to(device))
+    return c is None or c >= R2R_MIN_FLAT_CORRELATION
 
 
 def _gray_luminance(gated: list, start: int, images: list, where: list[int], device, keep_on_device: bool) -> None:
