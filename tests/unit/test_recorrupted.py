@@ -656,6 +656,22 @@ def test_the_gate_reads_the_correlation_where_the_image_is_flat_too(rng, monkeyp
     assert runner.recorruption_gates(_ckpt(), [white], keep_on_device=False)[0][0]  # the flat blocks decided
 
 
+def test_flat_block_correlation_skips_clipped_blocks(rng):
+    """A saturated sky is the flattest part of a photograph and holds no noise: the correlation is read
+    in the flattest blocks without clipped pixels, and an image clipped everywhere has none."""
+    from indeed_cli.tasks.adaptation.recorrupted import flat_block_correlation, flat_blocks
+
+    size = 64
+    noise = _coloured_noise(rng, 1, size, sigma=0.02)[0]
+    Y = np.clip(0.5 + noise, 0, 1)
+    Y[:, : size // 2] = 1.0  # the top half clipped white
+    R = np.where(Y >= 1.0, 0.0, noise)
+    Y, R = torch.from_numpy(Y), torch.from_numpy(R)
+    assert float(flat_blocks(Y, R, 16, 0.1)[0].mean()) == 1.0  # ranked by flatness alone: the clipped sky
+    assert flat_block_correlation(Y, R) > 0.3
+    assert flat_block_correlation(torch.ones(3, 64, 64), torch.zeros(3, 64, 64)) is None
+
+
 def test_flat_block_recolour_reads_noise_kept_by_the_read_out_but_not_smooth_detail(rng):
     """Flat blocks where the read-out varies a little more than FLAT_MAX_ACTIVITY allows: recoloured
     with ``noise_like`` where that variation is white (lag-2 correlation about 0: noise the read-out

@@ -118,12 +118,12 @@ CPU_OAG_RECORRUPTED_TILE = 64
 # 6.4 dB; clean photographs 0.26-0.64 (not separated: docs/reports/2026-11-28-recorrupted-adaptation.md).
 R2R_MIN_CORRELATION = 0.3
 # ... and where that correlation, read in the FLAT_SHARE of FLAT_BLOCK x FLAT_BLOCK blocks where the read-out
-# varies least (recorrupted.flat_block_correlation: R there is noise, not detail the read-out lost), is at
-# least this much.  Development crops (the top-left 384 x 384 of the first 32 training-split photographs,
-# `color`): synthetic camera noise 0.20-0.66 (0.38 and above on every light-noise crop the objective
-# adapted, 0.32 the lowest under medium noise, 0.49 under heavy), white Gaussian noise of sigma 5
-# -0.00-0.42 (median 0.05) and of sigma 10 -0.01-0.22, where the three crops the first condition admitted
-# (0.16, 0.22, 0.22) had lost up to 1.35 dB; PolyU100 scene-dev 0.52-0.69
+# varies least among those with under a tenth of their values clipped (recorrupted.flat_block_correlation:
+# R there is noise, not detail the read-out lost), is at least this much.  Development crops (the top-left
+# 384 x 384 of the first 32 training-split photographs, `color`): synthetic camera noise 0.20-0.64 (on the
+# crops the first condition admitted: light 0.38, medium 0.32, heavy 0.45 and above), white Gaussian noise
+# of sigma 5 -0.02-0.40 (median 0.06) and of sigma 10 -0.02-0.20, where the three crops the first condition
+# admitted read 0.18-0.25 and had lost up to 1.35 dB; PolyU100 scene-dev 0.52 and above
 # (docs/reports/2026-12-06-oag-readouts-on-the-device.md, section 5).
 R2R_MIN_FLAT_CORRELATION = 0.3
 # The stride of the pixel-shuffled read-out whose residual R = Y - X_ps is the recorrupted objective's

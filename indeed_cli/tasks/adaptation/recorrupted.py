@@ -198,11 +198,13 @@ def robust_level_scale(noisy, residual, bins: int = GAIN_BINS) -> float:
 
 
 def flat_blocks(
-    noisy: torch.Tensor, residual: torch.Tensor, block: int, share: float
+    noisy: torch.Tensor, residual: torch.Tensor, block: int, share: float, unclipped: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The ``share`` of a (C, h, w) image Y's ``block`` x ``block`` blocks where the read-out X = Y - R
     (R the gate's residual; tensors on one device) varies least: Y, R and X there, each (n, C, block,
-    block) in float64.  None for an image smaller than one block."""
+    block) in float64.  ``unclipped``: of the blocks where under a tenth of Y's values are at 0 or 1
+    (within half an 8-bit level; clipping removes the noise there, as in a saturated sky).  None for an
+    image smaller than one block, or without such blocks."""
     C, h, w = noisy.shape
     hb, wb = h // block, w // block
     if hb * wb == 0:
@@ -215,7 +217,16 @@ def flat_blocks(
     Xv = blocks(noisy - residual)
     # the blocks are ranked in the images' precision and only the chosen ones copied, in float64
     activity = Xv.var((-2, -1), unbiased=False).sum(-1).flatten()
-    chosen = torch.argsort(activity, stable=True)[: max(1, int(share * len(activity)))]
+    count = len(activity)
+    if unclipped:
+        Yv = blocks(noisy)
+        edge = 0.5 / 255
+        clipped = ((Yv <= edge) | (Yv >= 1 - edge)).flatten(-3).float().mean(-1).flatten() >= 0.1
+        if bool(clipped.all()):
+            return None
+        activity = activity.masked_fill(clipped, float("inf"))  # ranked last, and not counted in the share
+        count = int((~clipped).sum())
+    chosen = torch.argsort(activity, stable=True)[: max(1, int(share * count))]
     rows, cols = chosen // wb, chosen % wb
     Yb, Rb, Xb = (b[rows, cols].double() for b in (blocks(noisy), blocks(residual), Xv))
     return Yb, Rb, Xb
@@ -255,10 +266,11 @@ def flat_block_correlation(
 ) -> float | None:
     """Eq. (recorruption gate)'s second condition: the lag-1 correlation of the gate's residual R in the
     ``share`` of the blocks where the read-out varies least (:func:`flat_blocks`), each block about its
-    mean, rows and columns pooled.  There R is noise, not lost detail: demosaicked camera noise keeps its
-    correlation (development crops 0.32-0.66), white noise has none (σ 5: 0.00-0.42, median 0.05).  None
-    for an image smaller than one block."""
-    found = flat_blocks(noisy, residual, block, share)
+    mean, rows and columns pooled, among the blocks without clipped pixels (a saturated sky is the flattest
+    part of a photograph and holds no noise).  There R is noise, not lost detail: demosaicked camera noise
+    keeps its correlation, white noise has none (config.R2R_MIN_FLAT_CORRELATION).  None for an image
+    smaller than one block or clipped in every block."""
+    found = flat_blocks(noisy, residual, block, share, unclipped=True)
     return None if found is None else float(_lag_correlation_in_blocks(found[1], 1))
 
 
