@@ -122,8 +122,9 @@ R2R_MIN_CORRELATION = 0.3
 # R there is noise, not detail the read-out lost), is at least this much.  Development crops (the top-left
 # 384 x 384 of the first 32 training-split photographs, `color`): synthetic camera noise 0.20-0.64 (on the
 # crops the first condition admitted: light 0.38, medium 0.32, heavy 0.45 and above), white Gaussian noise
-# of sigma 5 -0.02-0.40 (median 0.06) and of sigma 10 -0.02-0.20, where the three crops the first condition
-# admitted read 0.18-0.25 and had lost up to 1.35 dB; PolyU100 scene-dev 0.52 and above
+# of sigma 5 -0.02-0.40 (median 0.06) and of sigma 10 -0.02-0.20: of the four white-noise crops the first
+# condition admitted, the three that had lost (up to 1.35 dB) read 0.18-0.25, the fourth 0.40; PolyU100
+# scene-dev 0.55 and above
 # (docs/reports/2026-12-06-oag-readouts-on-the-device.md, section 5).
 R2R_MIN_FLAT_CORRELATION = 0.3
 # The stride of the pixel-shuffled read-out whose residual R = Y - X_ps is the recorrupted objective's

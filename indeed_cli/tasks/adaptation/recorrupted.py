@@ -214,12 +214,11 @@ def flat_blocks(
         a = a[:, : hb * block, : wb * block]
         return a.unflatten(1, (hb, block)).unflatten(3, (wb, block)).permute(1, 3, 0, 2, 4)
 
-    Xv = blocks(noisy - residual)
+    Yv, Xv = blocks(noisy), blocks(noisy - residual)
     # the blocks are ranked in the images' precision and only the chosen ones copied, in float64
     activity = Xv.var((-2, -1), unbiased=False).sum(-1).flatten()
     count = len(activity)
     if unclipped:
-        Yv = blocks(noisy)
         edge = 0.5 / 255
         clipped = ((Yv <= edge) | (Yv >= 1 - edge)).flatten(-3).float().mean(-1).flatten() >= 0.1
         if bool(clipped.all()):
@@ -228,7 +227,7 @@ def flat_blocks(
         count = int((~clipped).sum())
     chosen = torch.argsort(activity, stable=True)[: max(1, int(share * count))]
     rows, cols = chosen // wb, chosen % wb
-    Yb, Rb, Xb = (b[rows, cols].double() for b in (blocks(noisy), blocks(residual), Xv))
+    Yb, Rb, Xb = (b[rows, cols].double() for b in (Yv, blocks(residual), Xv))
     return Yb, Rb, Xb
 
 
@@ -266,10 +265,11 @@ def flat_block_correlation(
 ) -> float | None:
     """Eq. (recorruption gate)'s second condition: the lag-1 correlation of the gate's residual R in the
     ``share`` of the blocks where the read-out varies least (:func:`flat_blocks`), each block about its
-    mean, rows and columns pooled, among the blocks without clipped pixels (a saturated sky is the flattest
-    part of a photograph and holds no noise).  There R is noise, not lost detail: demosaicked camera noise
-    keeps its correlation, white noise has none (config.R2R_MIN_FLAT_CORRELATION).  None for an image
-    smaller than one block or clipped in every block."""
+    mean, rows and columns pooled, among the blocks with under a tenth of their values clipped (a
+    saturated sky is the flattest part of a photograph and holds no noise).  There R is noise, not lost
+    detail: demosaicked camera noise keeps its correlation, white noise has none
+    (config.R2R_MIN_FLAT_CORRELATION).  None for an image smaller than one block or clipped in every
+    block."""
     found = flat_blocks(noisy, residual, block, share, unclipped=True)
     return None if found is None else float(_lag_correlation_in_blocks(found[1], 1))
 

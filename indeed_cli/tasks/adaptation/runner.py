@@ -238,12 +238,14 @@ def recorruption_gates(
         residuals = shuffled_residuals(ckpt, chunk, R2R_SHUFFLE, keep_on_device=keep_on_device)
         start, unchanged = len(gated), []
         for i, (im, (residual, c)) in enumerate(zip(chunk, residuals)):
-            admitted = c >= R2R_MIN_CORRELATION and _flat_correlated(im, residual, device)
-            changed = False
+            admitted, changed = c >= R2R_MIN_CORRELATION, False
+            if admitted:  # Y and R on the device once, for both flat-block rules
+                Y, R = torch.as_tensor(im).to(device), torch.as_tensor(residual).to(device)
+                flat = flat_block_correlation(Y, R)  # Eq. (recorruption gate)'s second condition
+                admitted = flat is None or flat >= R2R_MIN_FLAT_CORRELATION
             if admitted and FLAT_RECOLOUR:  # noise the residual missed (Eq. flat-block recolouring)
-                R = torch.as_tensor(residual).to(device)
-                R, changed = flat_block_recolour(torch.as_tensor(im).to(device), R, FLAT_BLOCK, FLAT_SHARE,
-                                                 FLAT_MAX_ACTIVITY, FLAT_MIN_RATIO, FLAT_NOISE_LIKE)  # fmt: skip
+                R, changed = flat_block_recolour(Y, R, FLAT_BLOCK, FLAT_SHARE, FLAT_MAX_ACTIVITY, FLAT_MIN_RATIO,
+                                                 FLAT_NOISE_LIKE)  # fmt: skip
                 if changed:
                     residual = R if keep_on_device else R.cpu().numpy()
             if admitted and not changed and np.shape(im)[0] == 3:
@@ -257,13 +259,6 @@ def recorruption_gates(
                 if admitted:
                     gated[i] = (admitted, c, residual * robust_level_scale(im, residual))
     return gated
-
-
-def _flat_correlated(image, residual, device) -> bool:
-    """Eq. (recorruption gate)'s second condition: R is correlated where the read-out is flat too (or the
-    image is smaller than one block)."""
-    c = flat_block_correlation(torch.as_tensor(image).to(device), torch.as_tensor(residual).to(device))
-    return c is None or c >= R2R_MIN_FLAT_CORRELATION
 
 
 def _gray_luminance(gated: list, start: int, images: list, where: list[int], device, keep_on_device: bool) -> None:
