@@ -75,6 +75,22 @@ def test_noise_filters_of_a_group_at_once_equal_each_alone(rng, monkeypatch):
     assert not torch.allclose(roots[1], roots[3])  # the filters are each residual's own
 
 
+def test_noise_filters_solve_their_eigenproblems_in_bounded_runs(rng, monkeypatch):
+    """spectrum_root hands the eigensolver at most EIGH_AT_ONCE of its C x C problems per call (a GPU's
+    batched solver ran out of memory on a whole OAG group's), and the filters are those of one call."""
+    import indeed_cli.tasks.adaptation.recorrupted as R
+
+    spectra = torch.stack([noise_spectrum(rng.normal(0, 0.1, (3, 64, 64))) for _ in range(3)])
+    whole = R.spectrum_root(spectra, 32)  # 3 x 32 x 32 = 3072 problems, under the default bound
+    sizes = []
+    eigh = torch.linalg.eigh
+    monkeypatch.setattr(torch.linalg, "eigh", lambda a: sizes.append(a.shape[0]) or eigh(a))
+    monkeypatch.setattr(R, "EIGH_AT_ONCE", 1000)
+    split = R.spectrum_root(spectra, 32)
+    assert sizes == [1000, 1000, 1000, 72]
+    torch.testing.assert_close(split, whole)
+
+
 def test_recorrupted_copies_have_independent_noises_when_z_matches_the_noise(rng):
     """Eq. (recorrupted pair): cov(n + a z, n - z / a) = cov(n) - cov(z) = 0, per pixel and at lag 1."""
     n = torch.from_numpy(_coloured_noise(rng, n=64, size=64)).float()

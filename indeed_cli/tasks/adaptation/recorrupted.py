@@ -74,19 +74,26 @@ def spectrum_root(spectrum: torch.Tensor, size: int, lag: int = SPECTRUM_LAG) ->
     )
     S = torch.fft.fft2(grid).movedim((-4, -3), (-2, -1))  # (..., size, size, C, C)
     S = 0.5 * (S + S.conj().transpose(-1, -2))
-    lam, V = torch.linalg.eigh(S)
+    C = S.shape[-1]
+    # the C x C eigenproblems EIGH_AT_ONCE at a time: a GPU's batched solver asked for 464 GiB of
+    # workspace for the 32 x 128 x 128 problems of one OAG group at once (NVIDIA H100, 2026-12-07)
+    parts = [torch.linalg.eigh(part) for part in S.reshape(-1, C, C).split(EIGH_AT_ONCE)]
+    lam = torch.cat([w for w, _ in parts]).reshape(S.shape[:-1])
+    V = torch.cat([v for _, v in parts]).reshape(S.shape)
     root = (V * lam.clamp(min=0).sqrt().to(V.dtype)[..., None, :]) @ V.conj().transpose(-1, -2)
     return root.to(torch.complex64)
 
 
-ROOTS_AT_ONCE = 64  # noise filters computed in one batched call (each holds size x size small eigenproblems)
+# C x C eigenproblems solved in one call: those of one 128 x 128 filter, as each image's filter was made
+# on its own until 2026-12-06 (the GPU runs of docs/results.md); the whole group's at once ran out of memory
+EIGH_AT_ONCE = 128 * 128
+ROOTS_AT_ONCE = 64  # noise filters made together: their spectra and filters in batched calls, the eigenproblems as above
 
 
 def spectrum_roots(residuals: list, size: int, device: torch.device | str | None = None) -> list[torch.Tensor]:
     """:func:`spectrum_root` of each residual's :func:`noise_spectrum` (Eq. noise spectrum), the spectra
-    of one shape up to ROOTS_AT_ONCE in one call: on a GPU one batched eigendecomposition for an OAG
-    group instead of one per image.  The same filters as one by one, up to the rounding of batched
-    eigensolvers."""
+    of one shape up to ROOTS_AT_ONCE in one call (their eigenproblems EIGH_AT_ONCE at a time).  The same
+    filters as one by one, up to the rounding of batched eigensolvers."""
     spectra = [noise_spectrum(r, device=device) for r in residuals]
     out: list = [None] * len(spectra)
     by_shape: dict[tuple, list[int]] = {}
