@@ -87,7 +87,8 @@ def spectrum_root(spectrum: torch.Tensor, size: int, lag: int = SPECTRUM_LAG) ->
 # C x C eigenproblems solved in one call: those of one 128 x 128 filter, as each image's filter was made
 # on its own until 2026-12-06 (the GPU runs of docs/results.md); the whole group's at once ran out of memory
 EIGH_AT_ONCE = 128 * 128
-ROOTS_AT_ONCE = 64  # noise filters made together: their spectra and filters in batched calls, the eigenproblems as above
+# noise filters made together: their spectra and filters in batched calls, their eigenproblems as above
+ROOTS_AT_ONCE = 64
 
 
 def spectrum_roots(residuals: list, size: int, device: torch.device | str | None = None) -> list[torch.Tensor]:
