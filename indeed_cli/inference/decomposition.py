@@ -862,8 +862,8 @@ def shuffled_residuals(
         _check_fits(d, stride)
     # the read-outs stay on the model's device: through the host and back they had taken most of the
     # gate's time on a GPU (docs/reports/2026-12-06-oag-readouts-on-the-device.md)
-    plain = _plain_batch(ckpt, data, opts, None, True)
-    shuffled = shuffled_readouts(ckpt, data, stride, opts, None, True)
+    plain = _plain_batch(ckpt, data, opts, progress=None, on_device=True)
+    shuffled = shuffled_readouts(ckpt, data, stride, opts, progress=None, on_device=True)
     device = next(ckpt.model.parameters()).device
     out: list = [None] * len(data)
     for members, X, Y in guarded_readouts(device, plain, shuffled, data):

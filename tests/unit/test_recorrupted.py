@@ -253,8 +253,8 @@ def test_gate_admits_correlated_noise_and_refuses_white_noise(rng, monkeypatch):
 
     clean = np.full((3, 64, 64), 0.5, np.float32)
     calls = []
-    monkeypatch.setattr(D, "_plain_batch", lambda ck, ys, *a: [clean for _ in ys])
-    monkeypatch.setattr(D, "shuffled_readouts", lambda ck, ys, *a: calls.append(len(ys)) or [clean for _ in ys])
+    monkeypatch.setattr(D, "_plain_batch", lambda ck, ys, *a, **k: [clean for _ in ys])
+    monkeypatch.setattr(D, "shuffled_readouts", lambda ck, ys, *a, **k: calls.append(len(ys)) or [clean for _ in ys])
     coloured = clean + _coloured_noise(rng, 1, 64)[0].astype(np.float32)
     white = clean + rng.normal(0, 0.05, clean.shape).astype(np.float32)
     (ok, correlation, residual), refused = runner.recorruption_gates(_ckpt(), [coloured, white])
