@@ -125,10 +125,12 @@ def run_ordered(
     return outcomes
 
 
-def read_ahead(paths: Sequence[Path], depth: int = 2) -> Iterator[tuple[Path, LoadedImage | ImageError]]:
-    """(path, image or its ImageError) for each path, in order, the next ``depth`` images read on a
-    thread while the current one is computed: decoding a PNG takes about as long as denoising it on
-    a GPU, and Pillow releases the GIL while it decompresses."""
+def read_ahead(
+    paths: Sequence[Path], depth: int = 2, workers: int = 1
+) -> Iterator[tuple[Path, LoadedImage | ImageError]]:
+    """(path, image or its ImageError) for each path, in order, the next ``depth`` images read on
+    ``workers`` threads while the current one is computed: decoding a PNG takes about as long as
+    denoising it on a GPU, and Pillow releases the GIL while it decompresses."""
 
     def read(p: Path) -> LoadedImage | ImageError:
         try:
@@ -139,7 +141,7 @@ def read_ahead(paths: Sequence[Path], depth: int = 2) -> Iterator[tuple[Path, Lo
     if any(is_stdio(p) for p in paths):  # standard input is read where it is used
         yield from ((p, read(p)) for p in paths)
         return
-    with ThreadPoolExecutor(1, thread_name_prefix="indeed-read") as pool:
+    with ThreadPoolExecutor(workers, thread_name_prefix="indeed-read") as pool:
         pending: deque[tuple[Path, Future]] = deque()
         for p in paths:
             pending.append((p, pool.submit(read, p)))

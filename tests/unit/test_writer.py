@@ -63,3 +63,31 @@ def test_other_errors_propagate_and_inline_mode_runs_at_once():
     w = OrderedWriter(workers=0)
     w.submit(lambda: 5, lambda r, e: seen.append(r))
     assert seen == [5]  # no thread: done before submit returns
+
+
+def test_read_ahead_on_several_threads_keeps_the_input_order_and_returns_errors(tmp_path, monkeypatch):
+    import numpy as np
+
+    from indeed_cli.io import write_image
+    from indeed_cli.pipelines import runner
+
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"img{i}.png"
+        if i == 3:
+            p.write_bytes(b"not an image")
+        else:
+            write_image(p, np.full((1, 8, 8), i / 8, np.float32))
+        paths.append(p)
+    slow = runner.read_image
+
+    def read(p):  # the first images finish last: the order must come from the inputs, not the threads
+        time.sleep(0.05 * (6 - int(p.stem[3:])))
+        return slow(p)
+
+    monkeypatch.setattr(runner, "read_image", read)
+    got = list(runner.read_ahead(paths, depth=len(paths), workers=4))
+    assert [p for p, _ in got] == paths
+    assert isinstance(got[3][1], ImageError)
+    for i in (0, 1, 2, 4, 5):
+        assert abs(float(got[i][1].data.mean()) - i / 8) < 1 / 255
