@@ -130,9 +130,9 @@ def tile_means(plane: Tensor, grid: TileGrid) -> Tensor:
     cuts it (reflected where it leaves the image): (tiles_y, tiles_x).  A whole-image read-out
     gives the per-tile statistics that a tiled one computes tile by tile.  Summed-area table in
     float64, so large images lose no precision, computed where ``plane`` is; the means come back
-    on the CPU.  On a GPU only they travel: the table made on the CPU took a 512x512 OAG read-out
-    from 9 to 46 ms per image while eight threads wrote PNGs beside it (one NVIDIA H200 host,
-    docs/reports/2026-12-07-oag-cli-time.md)."""
+    on the CPU.  On a GPU only they travel: with the table made on the CPU, a 512x512 OAG read-out
+    took 45-48 ms per image instead of 16-18 while eight threads wrote PNGs beside it (one NVIDIA
+    H200 host, docs/reports/2026-12-07-oag-cli-time.md)."""
     h, w = plane.shape
     if (h, w) != (grid.h, grid.w):
         raise ValueError(f"plane is {h}x{w}, the grid is for {grid.h}x{grid.w}")

@@ -100,7 +100,8 @@ def adapt_folder(
     readable, failures = {}, []
     order = list(range(len(every))) if mode == "ag" else mine  # ag adapts on every input, oag on its shard's
     # every image is read before the first adaptation, on the writer threads' share of the cores: one
-    # by one, 96 PNGs of 512 x 512 took 1.2 s of OAG's 16 s on an NVIDIA H200 host (docs/results.md)
+    # by one, 96 PNGs of 512 x 512 took 1.2 s of OAG's 16 s on an NVIDIA H200 host
+    # (docs/reports/2026-12-07-oag-cli-time.md)
     for i, (_, img) in zip(order, read_ahead([every[i] for i in order], len(order), writer_threads())):
         if not isinstance(img, ImageError):
             readable[i] = img
