@@ -142,8 +142,8 @@ def tile_means(plane: Tensor, grid: TileGrid) -> Tensor:
     ext = plane.detach().double()[rows][:, cols]
     table = F.pad(ext.cumsum(0).cumsum(1), (1, 0, 1, 0))
     t = grid.tile
-    y0, x0 = (host_to_device(torch.tensor(v), device) for v in (grid.ys, grid.xs))
-    y0, x0 = y0[:, None], x0[None, :]
+    y0 = host_to_device(torch.tensor(grid.ys), device)[:, None]
+    x0 = host_to_device(torch.tensor(grid.xs), device)[None, :]
     sums = table[y0 + t, x0 + t] - table[y0, x0 + t] - table[y0 + t, x0] + table[y0, x0]
     return (sums / t**2).float().cpu()
 
