@@ -149,8 +149,11 @@ def _steps(
             "bit_depth": img.bit_depth,
             "seconds": round(item["seconds"], 3),
             "weights": item["ckpt"].source,
-            "change_rms": change_rms(img.data, out),
-            **dict(zip(("flat_kept", "flat_rms"), flat_region_kept(img.data, out) or (None, None))),
+            # filled in by write(), on a writer thread: on a GPU these host-side statistics took longer than
+            # the read-out beside the PNG writers (docs/reports/2026-12-07-oag-cli-time.md)
+            "change_rms": None,
+            "flat_kept": None,
+            "flat_rms": None,
             "pixel_shuffle": item["stride"],
             "ensemble": ensemble,
             **({"noise_correlation": item["correlation"]} if pixel_shuffle == "auto" else {}),
@@ -158,8 +161,10 @@ def _steps(
             "adapted": None if adapted is None else {"best_step": adapted.best_step, "stop": adapted.stop},
         }
 
-        def write() -> None:
+        def write() -> dict:
             write_image(item["dst"], out, like=img, **encoding)
+            kept = flat_region_kept(img.data, out) or (None, None)
+            return {"change_rms": change_rms(img.data, out), "flat_kept": kept[0], "flat_rms": kept[1]}
 
         return Product(item["src"], write, record, out.nbytes)
 

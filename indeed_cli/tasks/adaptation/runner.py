@@ -30,6 +30,7 @@ from ...inference import InferenceOptions, TileGrid, as_model_channels, shuffled
 from ...inference.tiling import host_to_device
 from ...model import Checkpoint, CheckpointError, load_checkpoint, resolve_weights
 from ..ood import image_ood_score
+from .adam import Adam
 from .config import (
     AG_DEFAULTS,
     AG_RECORRUPTED_DEFAULTS,
@@ -531,11 +532,11 @@ def adapt_images(
     return results, together
 
 
-def _optimizer(params: dict, lr: float, device: torch.device) -> torch.optim.Adam:
+def _optimizer(params: dict, lr: float, device: torch.device) -> Adam:
     """Adam over the adapted weights: fused kernels on a GPU (one launch for all weights instead of
     several per weight; OAG's time per image on an NVIDIA H100 fell by 2-7%,
-    docs/reports/2026-12-06-oag-readouts-on-the-device.md), the default elsewhere."""
-    return torch.optim.Adam(list(params.values()), lr=lr, fused=device.type == "cuda" or None)
+    docs/reports/2026-12-06-oag-readouts-on-the-device.md), the single-tensor update elsewhere."""
+    return Adam(list(params.values()), lr, fused=device.type == "cuda")
 
 
 def _ranks() -> tuple[int, int] | None:
@@ -696,7 +697,7 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
             T = None
             F = take(pool_factors, lambda f, rows=rows, n=len(alive), nb=nb: f[rows].view(n, nb, *f.shape[1:]))
         obj, _ = run(params, Y, cfg.sample, F, T)
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         # entries are independent: the sum gives each its own gradient; split over ranks, each rank's
         # part is a share of the whole batch's mean, and the ranks' gradients are summed (DDP's mean)
         (obj.sum(1).sum() / b if split else obj.mean(1).sum()).backward()
@@ -734,17 +735,8 @@ def _adapt_group(model, names: list[str], frozen: dict, jobs: list[dict], cfg: A
             break
         if len(keep) < len(alive):  # drop the stopped entries from the stack (never when K == 1)
             sel = torch.tensor(keep, device=device)
-            old, params = params, {n: v.detach().index_select(0, sel).requires_grad_(True) for n, v in params.items()}
-            state = {
-                n: {
-                    key: (t.index_select(0, sel) if torch.is_tensor(t) and t.dim() else t)
-                    for key, t in opt.state[old[n]].items()
-                }
-                for n in names
-            }
-            opt = _optimizer(params, cfg.lr, device)
-            for n, v in params.items():
-                opt.state[v] = state[n]
+            params = {n: v.detach().index_select(0, sel).requires_grad_(True) for n, v in params.items()}
+            opt = opt.select(list(params.values()), sel)
             view, E, X0 = params, E[sel], X0[sel]
             targets = targets[sel] if r2r else None
             eval_factors = take(eval_factors, lambda f, sel=sel: f[sel])
