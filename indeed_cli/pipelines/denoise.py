@@ -32,7 +32,16 @@ from ..tasks.adaptation.config import FLAT_BLOCK, FLAT_SHARE
 from ..tasks.adaptation.recorrupted import flat_block_covariances
 from ..tasks.ood import ood_features, ood_report
 from .inputs import UsageError, ensemble_setting, expand_inputs, input_names, pixel_shuffle_setting, plan_outputs
-from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, run_ordered
+from .runner import (
+    ModelCache,
+    Outcome,
+    Product,
+    Progress,
+    note_large_image,
+    read_ahead,
+    reader_threads,
+    run_ordered,
+)
 
 
 def denoise_folder(
@@ -190,7 +199,8 @@ def _steps(
             yield product(item, out, res)
         pending.clear()
 
-    for (src, img), dst in zip(read_ahead(paths), targets):
+    readers = reader_threads(models.device)  # one on a CPU; on a GPU several, as decoding bounds a folder run
+    for (src, img), dst in zip(read_ahead(paths, depth=max(2, readers), workers=readers), targets):
         try:
             if isinstance(img, ImageError):
                 raise img

@@ -153,6 +153,19 @@ def read_ahead(
             yield q, fut.result()
 
 
+ACCELERATOR_READERS = 4  # input decoders ahead of read-outs made on a GPU (reader_threads)
+
+
+def reader_threads(device) -> int:
+    """Threads that decode a folder job's inputs ahead of its read-outs (``read_ahead``'s ``workers``, and
+    as many images ahead): ACCELERATOR_READERS where the read-outs run on an accelerator, which makes a
+    read-out about as fast as a PNG decodes (`indeed denoise` on 320 512x512 PNGs on an H100 host: 9-13%
+    less time under way with 4 readers than with 1, docs/reports/2026-12-07-oag-cli-time.md, section 8);
+    1 on a CPU, whose cores the read-outs need, and where several decoded photographs held at once would
+    cost memory for no gain."""
+    return 1 if str(device).split(":")[0] == "cpu" else ACCELERATOR_READERS
+
+
 def writer_threads() -> int:
     """Threads that write outputs: the process's share of the CPU cores (processes of one machine
     under torchrun share them), between 2 and 8.  On a GPU, encoding PNGs bounds a folder run: one

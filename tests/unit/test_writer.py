@@ -91,3 +91,39 @@ def test_read_ahead_on_several_threads_keeps_the_input_order_and_returns_errors(
     assert isinstance(got[3][1], ImageError)
     for i in (0, 1, 2, 4, 5):
         assert abs(float(got[i][1].data.mean()) - i / 8) < 1 / 255
+
+
+def test_reader_threads_one_on_a_cpu_several_on_an_accelerator():
+    import torch
+
+    from indeed_cli.pipelines import runner
+
+    assert runner.reader_threads("cpu") == 1
+    assert runner.reader_threads(torch.device("cpu")) == 1
+    assert runner.reader_threads("cuda:0") == runner.reader_threads(torch.device("cuda")) == runner.ACCELERATOR_READERS
+    assert runner.ACCELERATOR_READERS > 1
+
+
+def test_denoise_reads_its_inputs_on_the_devices_reader_threads(tmp_path, monkeypatch, ckpt_paths):
+    import numpy as np
+
+    from indeed_cli.io import read_image, write_image
+    from indeed_cli.pipelines import denoise as pipeline
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(3):
+        write_image(src / f"img{i}.png", np.full((3, 16, 16), (i + 1) / 8, np.float32))
+    calls, real = [], pipeline.read_ahead
+
+    def spy(paths, depth=2, workers=1):
+        calls.append((len(paths), depth, workers))
+        return real(paths, depth, workers)
+
+    monkeypatch.setattr(pipeline, "read_ahead", spy)
+    monkeypatch.setattr(pipeline, "reader_threads", lambda device: 3 if str(device) == "cpu" else 0)
+    outcomes = pipeline.denoise_folder([src], tmp_path / "out", weights=ckpt_paths[3], device="cpu")
+    assert calls == [(3, 3, 3)]
+    assert [o.error for o in outcomes] == [None] * 3
+    for i in range(3):  # every image written, in its own file
+        assert read_image(tmp_path / "out" / f"img{i}.png").data.shape == (3, 16, 16)
