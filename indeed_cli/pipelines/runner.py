@@ -158,9 +158,11 @@ ACCELERATOR_READERS = 4  # input decoders ahead of read-outs made on a GPU (read
 
 def reader_threads(device) -> int:
     """Threads that decode a folder job's inputs ahead of its read-outs (``read_ahead``'s ``workers``, and
-    as many images ahead): ACCELERATOR_READERS where the read-outs run on an accelerator, which makes a
-    read-out about as fast as a PNG decodes (`indeed denoise` on 320 512x512 PNGs on an H100 host: 9-13%
-    less time under way with 4 readers than with 1, docs/reports/2026-12-07-oag-cli-time.md, section 8);
+    as many images ahead) in `indeed denoise` and `indeed detect`: ACCELERATOR_READERS where the read-outs
+    run on an accelerator, which makes a read-out about as fast as a PNG decodes (on 320 512x512 PNGs on
+    H100 hosts, 3-15% less time under way with 4 readers than with 1 for denoise, 6-14% for detect;
+    decompose, which writes an .npz and seven maps per image, showed no gain;
+    docs/reports/2026-12-07-oag-cli-time.md, 8-9);
     1 on a CPU, whose cores the read-outs need, and where several decoded photographs held at once would
     cost memory for no gain."""
     return 1 if str(device).split(":")[0] == "cpu" else ACCELERATOR_READERS

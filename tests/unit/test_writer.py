@@ -127,3 +127,25 @@ def test_denoise_reads_its_inputs_on_the_devices_reader_threads(tmp_path, monkey
     assert [o.error for o in outcomes] == [None] * 3
     for i in range(3):  # every image written, in its own file
         assert read_image(tmp_path / "out" / f"img{i}.png").data.shape == (3, 16, 16)
+
+
+def test_detect_reads_its_inputs_on_the_devices_reader_threads(tmp_path, monkeypatch):
+    import numpy as np
+
+    from indeed_cli.io import write_image
+    from indeed_cli.pipelines import detect as pipeline
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(2):
+        write_image(src / f"img{i}.png", np.full((1, 16, 16), 0.5, np.float32))
+    calls = []
+
+    def spy(paths, depth=2, workers=1):  # reads nothing: only the reader count is under test here
+        calls.append((len(paths), depth, workers))
+        return iter(())
+
+    monkeypatch.setattr(pipeline, "read_ahead", spy)
+    monkeypatch.setattr(pipeline, "reader_threads", lambda device: 3 if str(device) == "cpu" else 0)
+    pipeline.detect_folder([src], tmp_path / "maps", device="cpu", threshold=0.5)
+    assert calls == [(2, 3, 3)]
