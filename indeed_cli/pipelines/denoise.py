@@ -38,8 +38,7 @@ from .runner import (
     Product,
     Progress,
     note_large_image,
-    read_ahead,
-    reader_threads,
+    read_ahead_on,
     run_ordered,
 )
 
@@ -199,8 +198,8 @@ def _steps(
             yield product(item, out, res)
         pending.clear()
 
-    readers = reader_threads(models.device)  # one on a CPU; on a GPU several, as decoding bounds a folder run
-    for (src, img), dst in zip(read_ahead(paths, depth=max(2, readers), workers=readers), targets):
+    # one reader on a CPU; on a GPU several, as decoding bounds a folder run (runner.reader_threads)
+    for (src, img), dst in zip(read_ahead_on(paths, models.device), targets):
         try:
             if isinstance(img, ImageError):
                 raise img

@@ -22,7 +22,7 @@ from ..tasks.detection import (
     stored_threshold,
 )
 from .inputs import UsageError, ensemble_setting, expand_inputs, input_names, require_folder, skip_done
-from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead, reader_threads, run_ordered
+from .runner import ModelCache, Outcome, Product, Progress, note_large_image, read_ahead_on, run_ordered
 
 
 def heat(v: np.ndarray) -> np.ndarray:
@@ -99,8 +99,8 @@ def detect_folder(
     progress.start(len(paths))
 
     def steps() -> Iterator[Product | Outcome]:
-        readers = reader_threads(models.device)  # one on a CPU; on a GPU several (runner.reader_threads)
-        for (src, img), files in zip(read_ahead(paths, depth=max(2, readers), workers=readers), plans):
+        # one reader on a CPU; on a GPU several (runner.reader_threads)
+        for (src, img), files in zip(read_ahead_on(paths, models.device), plans):
             try:
                 if isinstance(img, ImageError):
                     raise img

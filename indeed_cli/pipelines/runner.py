@@ -168,6 +168,13 @@ def reader_threads(device) -> int:
     return 1 if str(device).split(":")[0] == "cpu" else ACCELERATOR_READERS
 
 
+def read_ahead_on(paths: Sequence[Path], device) -> Iterator[tuple[Path, LoadedImage | ImageError]]:
+    """:func:`read_ahead` with :func:`reader_threads` threads for read-outs on ``device``, as many images
+    ahead (at least two)."""
+    readers = reader_threads(device)
+    return read_ahead(paths, depth=max(2, readers), workers=readers)
+
+
 def writer_threads() -> int:
     """Threads that write outputs: the process's share of the CPU cores (processes of one machine
     under torchrun share them), between 2 and 8.  On a GPU, encoding PNGs bounds a folder run: one

@@ -109,19 +109,20 @@ def test_denoise_reads_its_inputs_on_the_devices_reader_threads(tmp_path, monkey
 
     from indeed_cli.io import read_image, write_image
     from indeed_cli.pipelines import denoise as pipeline
+    from indeed_cli.pipelines import runner
 
     src = tmp_path / "in"
     src.mkdir()
     for i in range(3):
         write_image(src / f"img{i}.png", np.full((3, 16, 16), (i + 1) / 8, np.float32))
-    calls, real = [], pipeline.read_ahead
+    calls, real = [], runner.read_ahead
 
     def spy(paths, depth=2, workers=1):
         calls.append((len(paths), depth, workers))
         return real(paths, depth, workers)
 
-    monkeypatch.setattr(pipeline, "read_ahead", spy)
-    monkeypatch.setattr(pipeline, "reader_threads", lambda device: 3 if str(device) == "cpu" else 0)
+    monkeypatch.setattr(runner, "read_ahead", spy)
+    monkeypatch.setattr(runner, "reader_threads", lambda device: 3 if str(device) == "cpu" else 0)
     outcomes = pipeline.denoise_folder([src], tmp_path / "out", weights=ckpt_paths[3], device="cpu")
     assert calls == [(3, 3, 3)]
     assert [o.error for o in outcomes] == [None] * 3
@@ -134,6 +135,7 @@ def test_detect_reads_its_inputs_on_the_devices_reader_threads(tmp_path, monkeyp
 
     from indeed_cli.io import write_image
     from indeed_cli.pipelines import detect as pipeline
+    from indeed_cli.pipelines import runner
 
     src = tmp_path / "in"
     src.mkdir()
@@ -145,7 +147,7 @@ def test_detect_reads_its_inputs_on_the_devices_reader_threads(tmp_path, monkeyp
         calls.append((len(paths), depth, workers))
         return iter(())
 
-    monkeypatch.setattr(pipeline, "read_ahead", spy)
-    monkeypatch.setattr(pipeline, "reader_threads", lambda device: 3 if str(device) == "cpu" else 0)
+    monkeypatch.setattr(runner, "read_ahead", spy)
+    monkeypatch.setattr(runner, "reader_threads", lambda device: 3 if str(device) == "cpu" else 0)
     pipeline.detect_folder([src], tmp_path / "maps", device="cpu", threshold=0.5)
     assert calls == [(2, 3, 3)]
