@@ -421,7 +421,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--recorruption-level",
-        choices=["rms", "robust"],
+        choices=["rms", "robust", "quiet"],
         default="rms",
         help="the recorrupted objective's noise level (AdaptConfig.recorruption_level; default rms)",
     )

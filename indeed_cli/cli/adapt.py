@@ -124,10 +124,10 @@ def adapt_cmd(
         str,
         typer.Option(
             "--recorruption-level",
-            metavar="rms|robust",
+            metavar="rms|robust|quiet",
             help="recorrupted objective: the level of the noise it draws, the RMS of the noise estimate (rms, "
-            "default) or a robust level read off its medians (robust: fewer single images lose on textured "
-            "photographs under light noise, less gain on smooth ones under heavy noise).",
+            "default), that of its quieter blocks (quiet: OAG loses less on textured photographs under light "
+            "noise, a little on heavy smartphone noise) or a robust level read off its medians (robust).",
         ),
     ] = "rms",
     recorrupted_tile: Annotated[

@@ -822,3 +822,66 @@ def test_the_gate_scales_admitted_residuals_to_the_robust_level(rng, monkeypatch
     np.testing.assert_allclose(left, r, atol=1e-7)
     with pytest.raises(ValueError, match="recorruption_level"):
         AdaptConfig(recorruption_level="median").check()
+
+
+def test_quiet_level_scale_reads_the_noise_of_the_quieter_blocks(rng):
+    """Eq. (quiet-block noise level): signal-dependent noise alone, white or correlated, gives a scale of
+    about 1 (the quantile of a draw of the same noise divides out the spread of the blocks' variances);
+    detail added to a third of the blocks raises R's RMS but leaves the level of the quiet blocks, so
+    scale * RMS(R) stays near the noise's RMS; clipped blocks (no noise) are left out; too few usable
+    blocks, under half of them usable, or R = 0 give 1."""
+    from indeed_cli.tasks.adaptation.recorrupted import quiet_level_scale
+
+    x = np.repeat(np.linspace(0.2, 0.8, 128)[None, None, :], 128, 1).repeat(3, 0)  # a smooth ramp
+    x = x + 0.05 * np.sin(np.arange(128) / 9.0)[None, :, None]
+    noise = rng.standard_normal((3, 128, 128)) * (0.01 + 0.03 * x)  # its level follows the intensity
+    rms = float(np.sqrt(np.mean(noise**2)))
+    assert quiet_level_scale(x + noise, noise) > 0.98
+    # demosaicked-like noise, correlated over a few pixels: its block variances spread more
+    white = rng.standard_normal((3, 130, 130))
+    smooth = sum(white[:, i : i + 128, j : j + 128] for i in range(3) for j in range(3)) / 3.0
+    corr = smooth * (0.01 + 0.03 * x)
+    assert quiet_level_scale(x + corr, corr) > 0.97
+    assert quiet_level_scale(x + corr, corr, seed=1) == pytest.approx(quiet_level_scale(x + corr, corr), abs=0.03)
+    detail = noise.copy()
+    blocks = rng.permutation(64)[:21]  # a third of the 16 x 16 blocks hold strong texture
+    for b in blocks:
+        i, j = divmod(int(b), 8)
+        detail[:, 16 * i : 16 * i + 16, 16 * j : 16 * j + 16] += 0.2 * rng.standard_normal((3, 16, 16))
+    r_rms = float(np.sqrt(np.mean(detail**2)))
+    assert r_rms > 2.5 * rms
+    level = quiet_level_scale(x + detail, detail) * r_rms
+    assert level == pytest.approx(rms, rel=0.15)
+    # half the image clipped white with nothing left in R there: those blocks are not counted
+    y, r = x + noise, detail.copy()
+    y[:, :64], r[:, :64] = 1.0, 0.0
+    assert quiet_level_scale(y, r) < 0.6
+    assert quiet_level_scale(y, r, max_clipped=1.0) < 0.1  # counted, the quiet blocks would be the clipped ones
+    y[:, :80], r[:, :80] = 1.0, 0.0  # under half the blocks usable: R's own level
+    assert quiet_level_scale(y, r) == 1.0
+    assert quiet_level_scale(x, np.zeros_like(x)) == 1.0
+    small = x[:, :32, :32]  # 4 blocks of 16 x 16, fewer than QUIET_MIN_BLOCKS
+    assert quiet_level_scale(small + noise[:, :32, :32], noise[:, :32, :32] * 5) == 1.0
+
+
+def test_the_gate_scales_admitted_residuals_to_the_quiet_level(rng, monkeypatch):
+    """recorruption_gates(level="quiet"): an admitted image's residual is the rms gate's times
+    quiet_level_scale; the setting is checked, and is not the default."""
+    from indeed_cli.tasks.adaptation import runner
+    from indeed_cli.tasks.adaptation.recorrupted import quiet_level_scale
+
+    y = rng.uniform(0.2, 0.8, (3, 64, 64)).astype(np.float32)
+    r = (0.01 * rng.standard_normal((3, 64, 64))).astype(np.float32)
+    r[:, :32, :32] += (0.2 * rng.standard_normal((3, 32, 32))).astype(np.float32)  # detail in a quarter
+    _gate_readout(monkeypatch, lambda ys: [y - r for _ in ys])
+    monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", -1.0)
+    monkeypatch.setattr(runner, "R2R_MIN_FLAT_CORRELATION", -1.0)
+    monkeypatch.setattr(runner, "FLAT_RECOLOUR", False)
+    ck = _ckpt()
+    ((ok, _, plain),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
+    ((_, _, scaled),) = runner.recorruption_gates(ck, [y], keep_on_device=False, level="quiet")
+    s = quiet_level_scale(y, plain)
+    assert ok and s < 0.5
+    np.testing.assert_allclose(scaled, s * plain, rtol=1e-6)
+    AdaptConfig(recorruption_level="quiet").check()
+    assert AdaptConfig().recorruption_level == "rms"

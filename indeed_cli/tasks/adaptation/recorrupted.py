@@ -31,6 +31,12 @@ from .config import (
     FLAT_NOISE_LIKE,
     FLAT_SHARE,
     GRAY_LUMINANCE_MIN_LAG3,
+    QUIET_BLOCK,
+    QUIET_DRAW_TILE,
+    QUIET_MAX_CLIPPED,
+    QUIET_MIN_BLOCKS,
+    QUIET_MIN_USABLE,
+    QUIET_QUANTILE,
 )
 
 SPECTRUM_BLOCK = 32  # pixels: the blocks the cross-spectrum is averaged over
@@ -203,6 +209,74 @@ def robust_level_scale(noisy, residual, bins: int = GAIN_BINS) -> float:
         return 1.0
     level_of = torch.as_tensor(noisy).detach().to(r.device).double() - r
     return min(1.0, robust_noise_level(level_of, r, bins) / rms)
+
+
+def quiet_level_scale(
+    noisy,
+    residual,
+    quantile: float = QUIET_QUANTILE,
+    block: int = QUIET_BLOCK,
+    max_clipped: float = QUIET_MAX_CLIPPED,
+    min_blocks: int = QUIET_MIN_BLOCKS,
+    min_usable: float = QUIET_MIN_USABLE,
+    seed: int = 0,
+) -> float:
+    """Eq. (quiet-block noise level)'s factor on a (C, h, w) residual R of ``noisy`` Y (arrays or tensors):
+    over the ``block`` x ``block`` blocks k with at most ``max_clipped`` of Y's values at 0 or 1,
+
+        v_k(a) = var_k(a) / mean_k(g^2),   q(a) = Q_quantile(v(a)) / mean(a^2),
+        s = min(1, (q(R) / q(z))^(1/2)),
+
+    g the level map of Eq. (signal-dependent noise) (intensities Y - R), var_k over the block's pixels and
+    channels, z = g x noise of R's cross-spectrum (Eq. noise spectrum), one draw from ``seed``: the noise
+    the recorrupted objective would draw, and so noise alone.  The noise is in every block at the level g
+    gives it; detail that the pixel-shuffled read-out lost, which R also holds, sits in some blocks and
+    raises their v, so the quieter blocks read the noise.  Noise alone reads a quantile under its mean
+    too (the spread of the blocks' variances, larger the more the noise is correlated); q(z) is that
+    quantile for noise of R's own covariance and level map, so that noise alone gives about 1.  Clipped
+    blocks hold no noise and are left out.  1 where fewer than ``min_blocks`` blocks, or under
+    ``min_usable`` of them, are usable (a few partly clipped blocks of a mostly clipped image read low),
+    or where R is 0."""
+    r = torch.as_tensor(residual).detach().double()
+    y = torch.as_tensor(noisy).detach().to(r.device).double()
+    C, h, w = r.shape
+    hb, wb = h // block, w // block
+    rms2 = float(r.square().mean())
+    if hb * wb < min_blocks or rms2 <= 0:
+        return 1.0
+    g = noise_gain(y - r, r, device=r.device).double()
+
+    def blocks(a: torch.Tensor) -> torch.Tensor:  # (blocks, C * block * block)
+        return (
+            a[:, : hb * block, : wb * block]
+            .reshape(C, hb, block, wb, block)
+            .permute(1, 3, 0, 2, 4)
+            .reshape(hb * wb, -1)
+        )
+
+    expected = blocks(g).square().mean(1)
+    usable = (((blocks(y) <= 0) | (blocks(y) >= 1)).double().mean(1) <= max_clipped) & (expected > 0)
+    if int(usable.sum()) < max(min_blocks, min_usable * hb * wb):
+        return 1.0
+
+    def q(a: torch.Tensor) -> float:
+        v = blocks(a).var(1)[usable] / expected[usable]
+        return float(torch.quantile(v, quantile)) / float(a.square().mean())
+
+    z = g * _noise_like(r, QUIET_DRAW_TILE, seed)
+    return min(1.0, q(r) / q(z)) ** 0.5
+
+
+def _noise_like(residual: torch.Tensor, tile: int, seed: int) -> torch.Tensor:
+    """One draw of noise with the cross-spectrum of ``residual`` (C, h, w) (Eq. noise spectrum), on its
+    shape and device, float64: independent ``tile`` x ``tile`` tiles of :func:`correlated_noise`."""
+    C, h, w = residual.shape
+    tile = min(tile, h, w)
+    root = spectrum_root(noise_spectrum(residual, device=residual.device), tile)
+    nh, nw = -(-h // tile), -(-w // tile)
+    gen = torch.Generator(residual.device).manual_seed(seed)
+    z = correlated_noise(root[None].expand(nh * nw, -1, -1, -1, -1), gen).double()
+    return z.reshape(nh, nw, C, tile, tile).permute(2, 0, 3, 1, 4).reshape(C, nh * tile, nw * tile)[:, :h, :w]
 
 
 def flat_blocks(

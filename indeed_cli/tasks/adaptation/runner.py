@@ -72,6 +72,7 @@ from .recorrupted import (
     flat_block_recolour,
     gray_luminance_recolour,
     noise_gain,
+    quiet_level_scale,
     recorrupted_pair,
     robust_level_scale,
     spectrum_roots,
@@ -231,8 +232,9 @@ def recorruption_gates(
     made together, and their guard, residual and correlation computed on the model's device
     (:func:`~indeed_cli.inference.shuffled_residuals`: five small read-outs per image cost OAG a third
     of its time on a GPU when made one by one), in fp32 whatever the adaptation's precision (in bf16
-    they were no faster on an H200).  ``level`` "robust": each admitted image's residual, recoloured or
-    not, scaled down to Eq. (robust noise level) (AdaptConfig.recorruption_level)."""
+    they were no faster on an H200).  ``level`` "robust" or "quiet": each admitted image's residual,
+    recoloured or not, scaled down to Eq. (robust noise level) or Eq. (quiet-block noise level)
+    (AdaptConfig.recorruption_level)."""
     gated = []
     device = next(ckpt.model.parameters()).device
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
@@ -254,11 +256,12 @@ def recorruption_gates(
             gated.append((admitted, c, residual))
         if GRAY_LUMINANCE and unchanged:
             _gray_luminance(gated, start, [chunk[i] for i in unchanged], unchanged, device, keep_on_device)
-        if level == "robust":  # after both recolourings, so that z is drawn from the scaled residual
+        if level in ("robust", "quiet"):  # after both recolourings, so that z is drawn from the scaled residual
+            scale = robust_level_scale if level == "robust" else quiet_level_scale
             for i, im in enumerate(chunk, start):
                 admitted, c, residual = gated[i]
                 if admitted:
-                    gated[i] = (admitted, c, residual * robust_level_scale(im, residual))
+                    gated[i] = (admitted, c, residual * scale(im, residual))
     return gated
 
 
