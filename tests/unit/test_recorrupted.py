@@ -864,6 +864,29 @@ def test_quiet_level_scale_reads_the_noise_of_the_quieter_blocks(rng):
     assert quiet_level_scale(small + noise[:, :32, :32], noise[:, :32, :32] * 5) == 1.0
 
 
+def test_quiet_level_scale_of_a_large_image_draws_noise_for_a_sample_of_its_blocks(rng, monkeypatch):
+    """Above QUIET_DRAW_BLOCKS blocks the pure-noise quantile q(z) of Eq. (quiet-block noise level) comes
+    from that many usable blocks drawn at random, each with a noise block of its own: noise alone still
+    keeps its level, detail is still read down to the noise's, and below the bound nothing changes."""
+    from indeed_cli.tasks.adaptation import recorrupted
+    from indeed_cli.tasks.adaptation.recorrupted import quiet_level_scale
+
+    x = np.repeat(np.linspace(0.2, 0.8, 256)[None, None, :], 256, 1).repeat(3, 0)
+    white = rng.standard_normal((3, 258, 258))
+    noise = sum(white[:, i : i + 256, j : j + 256] for i in range(3) for j in range(3)) / 3.0 * (0.01 + 0.03 * x)
+    detail = noise.copy()
+    detail[:, :96] += 0.1 * rng.standard_normal((3, 96, 256))  # detail in the top 6 of 16 block rows
+    whole = [quiet_level_scale(x + a, a) for a in (noise, detail)]
+    monkeypatch.setattr(recorrupted, "QUIET_DRAW_BLOCKS", 64)  # 256 blocks: the sampled path
+    sampled = [quiet_level_scale(x + a, a) for a in (noise, detail)]
+    assert sampled[0] > 0.97 and whole[0] > 0.97
+    rms = float(np.sqrt(np.mean(noise**2)))
+    assert sampled[1] * float(np.sqrt(np.mean(detail**2))) == pytest.approx(rms, rel=0.15)
+    assert sampled[1] == pytest.approx(whole[1], abs=0.05)
+    monkeypatch.setattr(recorrupted, "QUIET_DRAW_BLOCKS", 256)  # at the bound: the whole-shape draw
+    assert quiet_level_scale(x + detail, detail) == whole[1]
+
+
 def test_the_gate_scales_admitted_residuals_to_the_quiet_level(rng, monkeypatch):
     """recorruption_gates(level="quiet"): an admitted image's residual is the rms gate's times
     quiet_level_scale; the setting is checked, and is not the default."""

@@ -225,6 +225,9 @@ QUIET_MAX_CLIPPED = 0.1
 QUIET_MIN_BLOCKS = 8  # fewer usable blocks: R's own level
 QUIET_MIN_USABLE = 0.5  # ... or fewer than this share of the blocks
 QUIET_DRAW_TILE = 64  # the tiles of the pure-noise draw
+# images of more blocks than this (1024 x 1024 with blocks of 16) draw the noise for this many of their usable
+# blocks, chosen at random, instead of on their whole shape (a 24-megapixel image's draw took gigabytes)
+QUIET_DRAW_BLOCKS = 4096
 # Where OAG's trust region or noise bound stops it between two evaluations, keep the weights interpolated
 # to the bound (AdaptConfig.stop_at_bound, Eq. stop at the bound) rather than the evaluation before it:
 # which evaluation came last inside a bound depended on the evaluation grid, and one evaluation more or

@@ -32,6 +32,7 @@ from .config import (
     FLAT_SHARE,
     GRAY_LUMINANCE_MIN_LAG3,
     QUIET_BLOCK,
+    QUIET_DRAW_BLOCKS,
     QUIET_DRAW_TILE,
     QUIET_MAX_CLIPPED,
     QUIET_MIN_BLOCKS,
@@ -236,15 +237,16 @@ def quiet_level_scale(
     quantile for noise of R's own covariance and level map, so that noise alone gives about 1.  Clipped
     blocks hold no noise and are left out.  1 where fewer than ``min_blocks`` blocks, or under
     ``min_usable`` of them, are usable (a few partly clipped blocks of a mostly clipped image read low),
-    or where R is 0."""
+    or where R is 0.  An image of more than QUIET_DRAW_BLOCKS blocks draws z for that many of its usable
+    blocks (:func:`_sampled_noise_quantile`), not on its whole shape."""
     r = torch.as_tensor(residual).detach().double()
-    y = torch.as_tensor(noisy).detach().to(r.device).double()
+    y = torch.as_tensor(noisy).detach().to(r.device).float()  # float32: what noise_gain reads anyway
     C, h, w = r.shape
     hb, wb = h // block, w // block
     rms2 = float(r.square().mean())
     if hb * wb < min_blocks or rms2 <= 0:
         return 1.0
-    g = noise_gain(y - r, r, device=r.device).double()
+    g = noise_gain(y - r.float(), r, device=r.device)
 
     def blocks(a: torch.Tensor) -> torch.Tensor:  # (blocks, C * block * block)
         return (
@@ -254,17 +256,20 @@ def quiet_level_scale(
             .reshape(hb * wb, -1)
         )
 
-    expected = blocks(g).square().mean(1)
-    usable = (((blocks(y) <= 0) | (blocks(y) >= 1)).double().mean(1) <= max_clipped) & (expected > 0)
-    if int(usable.sum()) < max(min_blocks, min_usable * hb * wb):
+    expected = blocks(g).square().mean(1).double()
+    usable = (((blocks(y) <= 0) | (blocks(y) >= 1)).float().mean(1) <= max_clipped) & (expected > 0)
+    n_usable = int(usable.sum())
+    if n_usable < max(min_blocks, min_usable * hb * wb):
         return 1.0
-
-    def q(a: torch.Tensor) -> float:
-        v = blocks(a).var(1)[usable] / expected[usable]
-        return float(torch.quantile(v, quantile)) / float(a.square().mean())
-
-    z = g * _noise_like(r, QUIET_DRAW_TILE, seed)
-    return min(1.0, q(r) / q(z)) ** 0.5
+    v = blocks(r).var(1)[usable] / expected[usable]
+    q_r = float(torch.quantile(v, quantile)) / rms2
+    if hb * wb <= QUIET_DRAW_BLOCKS:  # the draw on the image's own shape
+        z = g.double() * _noise_like(r, QUIET_DRAW_TILE, seed)
+        v = blocks(z).var(1)[usable] / expected[usable]
+        q_z = float(torch.quantile(v, quantile)) / float(z.square().mean())
+    else:  # a large image: QUIET_DRAW_BLOCKS usable blocks drawn at random, each with its own noise block
+        q_z = _sampled_noise_quantile(r, blocks(g)[usable], expected[usable], block, quantile, seed)
+    return min(1.0, q_r / q_z) ** 0.5
 
 
 def _noise_like(residual: torch.Tensor, tile: int, seed: int) -> torch.Tensor:
@@ -277,6 +282,28 @@ def _noise_like(residual: torch.Tensor, tile: int, seed: int) -> torch.Tensor:
     gen = torch.Generator(residual.device).manual_seed(seed)
     z = correlated_noise(root[None].expand(nh * nw, -1, -1, -1, -1), gen).double()
     return z.reshape(nh, nw, C, tile, tile).permute(2, 0, 3, 1, 4).reshape(C, nh * tile, nw * tile)[:, :h, :w]
+
+
+def _sampled_noise_quantile(
+    residual: torch.Tensor, gains: torch.Tensor, expected: torch.Tensor, block: int, quantile: float, seed: int
+) -> float:
+    """q(z) of Eq. (quiet-block noise level) on QUIET_DRAW_BLOCKS of the usable blocks (``gains``: their
+    level maps, (n, C * block * block); ``expected``: their mean g^2) drawn at random from ``seed``, each
+    paired with a block of its own from one draw of noise of ``residual``'s cross-spectrum (the noise is
+    stationary, so which block is which does not matter); its mean square is the noise's (g has mean
+    square 1 per channel).  The full-image draw of a large image took gigabytes."""
+    C = residual.shape[0]
+    gen = torch.Generator(residual.device).manual_seed(seed)
+    pick = torch.randperm(len(gains), generator=gen, device=residual.device)[:QUIET_DRAW_BLOCKS]
+    per_tile = (QUIET_DRAW_TILE // block) ** 2
+    tiles = -(-len(pick) // per_tile)
+    root = spectrum_root(noise_spectrum(residual, device=residual.device), QUIET_DRAW_TILE)
+    w = correlated_noise(root[None].expand(tiles, -1, -1, -1, -1), gen).double()  # (tiles, C, T, T)
+    k = QUIET_DRAW_TILE // block
+    w = w.reshape(tiles, C, k, block, k, block).permute(0, 2, 4, 1, 3, 5).reshape(tiles * per_tile, -1)
+    w = w[: len(pick)]
+    v = (gains[pick].double() * w).var(1) / expected[pick]
+    return float(torch.quantile(v, quantile)) / float(w.square().mean())
 
 
 def flat_blocks(
