@@ -797,6 +797,21 @@ def test_robust_noise_level_is_the_rms_of_noise_and_below_it_where_the_residual_
     assert robust_level_scale(tiny + 0.01, np.full((3, 4, 4), 0.01)) == pytest.approx(1.0)
 
 
+def _gate_rms_and_scaled(monkeypatch, y, r, level):
+    """recorruption_gates on one image whose pixel-shuffled read-out is y - r, every gate condition open
+    and no recolouring: (admitted, the rms residual, the residual at ``level``)."""
+    from indeed_cli.tasks.adaptation import runner
+
+    _gate_readout(monkeypatch, lambda ys: [y - r for _ in ys])
+    monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", -1.0)
+    monkeypatch.setattr(runner, "R2R_MIN_FLAT_CORRELATION", -1.0)
+    monkeypatch.setattr(runner, "FLAT_RECOLOUR", False)
+    ck = _ckpt()
+    ((ok, _, plain),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
+    ((_, _, scaled),) = runner.recorruption_gates(ck, [y], keep_on_device=False, level=level)
+    return ok, plain, scaled
+
+
 def test_the_gate_scales_admitted_residuals_to_the_robust_level(rng, monkeypatch):
     """recorruption_gates(level="robust"): an admitted image's residual is the rms gate's times
     robust_level_scale (after the recolouring); a refused image's is left as it is; AdaptConfig checks
@@ -806,18 +821,12 @@ def test_the_gate_scales_admitted_residuals_to_the_robust_level(rng, monkeypatch
 
     y = rng.uniform(0.2, 0.8, (3, 64, 64)).astype(np.float32)
     r = (0.02 * rng.standard_normal((3, 64, 64)) ** 3).astype(np.float32)  # heavy-tailed: scale < 1
-    _gate_readout(monkeypatch, lambda ys: [y - r for _ in ys])
-    monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", -1.0)
-    monkeypatch.setattr(runner, "R2R_MIN_FLAT_CORRELATION", -1.0)
-    monkeypatch.setattr(runner, "FLAT_RECOLOUR", False)
-    ck = _ckpt()
-    ((ok, _, plain),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
-    ((_, _, scaled),) = runner.recorruption_gates(ck, [y], keep_on_device=False, level="robust")
+    ok, plain, scaled = _gate_rms_and_scaled(monkeypatch, y, r, "robust")
     s = robust_level_scale(y, plain)
     assert ok and s < 0.9
     np.testing.assert_allclose(scaled, s * plain, rtol=1e-6)
     monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", 2.0)  # refused
-    ((ok, _, left),) = runner.recorruption_gates(ck, [y], keep_on_device=False, level="robust")
+    ((ok, _, left),) = runner.recorruption_gates(_ckpt(), [y], keep_on_device=False, level="robust")
     assert not ok
     np.testing.assert_allclose(left, r, atol=1e-7)
     with pytest.raises(ValueError, match="recorruption_level"):
@@ -890,19 +899,12 @@ def test_quiet_level_scale_of_a_large_image_draws_noise_for_a_sample_of_its_bloc
 def test_the_gate_scales_admitted_residuals_to_the_quiet_level(rng, monkeypatch):
     """recorruption_gates(level="quiet"): an admitted image's residual is the rms gate's times
     quiet_level_scale; the setting is checked, and is not the default."""
-    from indeed_cli.tasks.adaptation import runner
     from indeed_cli.tasks.adaptation.recorrupted import quiet_level_scale
 
     y = rng.uniform(0.2, 0.8, (3, 64, 64)).astype(np.float32)
     r = (0.01 * rng.standard_normal((3, 64, 64))).astype(np.float32)
     r[:, :32, :32] += (0.2 * rng.standard_normal((3, 32, 32))).astype(np.float32)  # detail in a quarter
-    _gate_readout(monkeypatch, lambda ys: [y - r for _ in ys])
-    monkeypatch.setattr(runner, "R2R_MIN_CORRELATION", -1.0)
-    monkeypatch.setattr(runner, "R2R_MIN_FLAT_CORRELATION", -1.0)
-    monkeypatch.setattr(runner, "FLAT_RECOLOUR", False)
-    ck = _ckpt()
-    ((ok, _, plain),) = runner.recorruption_gates(ck, [y], keep_on_device=False)
-    ((_, _, scaled),) = runner.recorruption_gates(ck, [y], keep_on_device=False, level="quiet")
+    ok, plain, scaled = _gate_rms_and_scaled(monkeypatch, y, r, "quiet")
     s = quiet_level_scale(y, plain)
     assert ok and s < 0.5
     np.testing.assert_allclose(scaled, s * plain, rtol=1e-6)

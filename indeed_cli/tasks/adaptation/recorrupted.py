@@ -212,6 +212,20 @@ def robust_level_scale(noisy, residual, bins: int = GAIN_BINS) -> float:
     return min(1.0, robust_noise_level(level_of, r, bins) / rms)
 
 
+def image_blocks(a: torch.Tensor, block: int) -> torch.Tensor:
+    """A (C, h, w) tensor's whole ``block`` x ``block`` blocks as a view (h // block, w // block, C, block,
+    block), row by row: no copy of a large image."""
+    hb, wb = a.shape[-2] // block, a.shape[-1] // block
+    a = a[:, : hb * block, : wb * block]
+    return a.unflatten(1, (hb, block)).unflatten(3, (wb, block)).permute(1, 3, 0, 2, 4)
+
+
+def clipped_share(blocks: torch.Tensor, edge: float = 0.0) -> torch.Tensor:
+    """Per block of :func:`image_blocks` (…, C, block, block): the share of its values within ``edge`` of 0
+    or 1, where clipping removed the noise."""
+    return ((blocks <= edge) | (blocks >= 1 - edge)).flatten(-3).float().mean(-1)
+
+
 def quiet_level_scale(
     noisy,
     residual,
@@ -241,25 +255,18 @@ def quiet_level_scale(
     blocks (:func:`_sampled_noise_quantile`), not on its whole shape."""
     r = torch.as_tensor(residual).detach().double()
     y = torch.as_tensor(noisy).detach().to(r.device).float()  # float32: what noise_gain reads anyway
-    C, h, w = r.shape
-    hb, wb = h // block, w // block
+    hb, wb = r.shape[-2] // block, r.shape[-1] // block
     rms2 = float(r.square().mean())
     if hb * wb < min_blocks or rms2 <= 0:
         return 1.0
     g = noise_gain(y - r.float(), r, device=r.device)
 
     def blocks(a: torch.Tensor) -> torch.Tensor:  # (blocks, C * block * block)
-        return (
-            a[:, : hb * block, : wb * block]
-            .reshape(C, hb, block, wb, block)
-            .permute(1, 3, 0, 2, 4)
-            .reshape(hb * wb, -1)
-        )
+        return image_blocks(a, block).flatten(-3).flatten(0, 1)
 
     expected = blocks(g).square().mean(1).double()
-    usable = (((blocks(y) <= 0) | (blocks(y) >= 1)).float().mean(1) <= max_clipped) & (expected > 0)
-    n_usable = int(usable.sum())
-    if n_usable < max(min_blocks, min_usable * hb * wb):
+    usable = (clipped_share(image_blocks(y, block)).flatten() <= max_clipped) & (expected > 0)
+    if int(usable.sum()) < max(min_blocks, min_usable * hb * wb):
         return 1.0
     v = blocks(r).var(1)[usable] / expected[usable]
     q_r = float(torch.quantile(v, quantile)) / rms2
@@ -277,11 +284,16 @@ def _noise_like(residual: torch.Tensor, tile: int, seed: int) -> torch.Tensor:
     shape and device, float64: independent ``tile`` x ``tile`` tiles of :func:`correlated_noise`."""
     C, h, w = residual.shape
     tile = min(tile, h, w)
-    root = spectrum_root(noise_spectrum(residual, device=residual.device), tile)
     nh, nw = -(-h // tile), -(-w // tile)
-    gen = torch.Generator(residual.device).manual_seed(seed)
-    z = correlated_noise(root[None].expand(nh * nw, -1, -1, -1, -1), gen).double()
+    z = _noise_tiles(residual, tile, nh * nw, torch.Generator(residual.device).manual_seed(seed))
     return z.reshape(nh, nw, C, tile, tile).permute(2, 0, 3, 1, 4).reshape(C, nh * tile, nw * tile)[:, :h, :w]
+
+
+def _noise_tiles(residual: torch.Tensor, tile: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` independent ``tile`` x ``tile`` tiles of noise with the cross-spectrum of ``residual`` (C, h, w)
+    (Eq. noise spectrum; :func:`correlated_noise` from ``gen``), (n, C, tile, tile) float64."""
+    root = spectrum_root(noise_spectrum(residual, device=residual.device), tile)
+    return correlated_noise(root[None].expand(n, -1, -1, -1, -1), gen).double()
 
 
 def _sampled_noise_quantile(
@@ -297,8 +309,7 @@ def _sampled_noise_quantile(
     pick = torch.randperm(len(gains), generator=gen, device=residual.device)[:QUIET_DRAW_BLOCKS]
     per_tile = (QUIET_DRAW_TILE // block) ** 2
     tiles = -(-len(pick) // per_tile)
-    root = spectrum_root(noise_spectrum(residual, device=residual.device), QUIET_DRAW_TILE)
-    w = correlated_noise(root[None].expand(tiles, -1, -1, -1, -1), gen).double()  # (tiles, C, T, T)
+    w = _noise_tiles(residual, QUIET_DRAW_TILE, tiles, gen)  # (tiles, C, T, T)
     k = QUIET_DRAW_TILE // block
     w = w.reshape(tiles, C, k, block, k, block).permute(0, 2, 4, 1, 3, 5).reshape(tiles * per_tile, -1)
     w = w[: len(pick)]
@@ -319,24 +330,19 @@ def flat_blocks(
     if hb * wb == 0:
         return None
 
-    def blocks(a: torch.Tensor) -> torch.Tensor:  # a view (hb, wb, C, block, block): no copy of a large image
-        a = a[:, : hb * block, : wb * block]
-        return a.unflatten(1, (hb, block)).unflatten(3, (wb, block)).permute(1, 3, 0, 2, 4)
-
-    Yv, Xv = blocks(noisy), blocks(noisy - residual)
+    Yv, Xv = image_blocks(noisy, block), image_blocks(noisy - residual, block)
     # the blocks are ranked in the images' precision and only the chosen ones copied, in float64
     activity = Xv.var((-2, -1), unbiased=False).sum(-1).flatten()
     count = len(activity)
     if unclipped:
-        edge = 0.5 / 255
-        clipped = ((Yv <= edge) | (Yv >= 1 - edge)).flatten(-3).float().mean(-1).flatten() >= 0.1
+        clipped = clipped_share(Yv, edge=0.5 / 255).flatten() >= 0.1
         if bool(clipped.all()):
             return None
         activity = activity.masked_fill(clipped, float("inf"))  # ranked last, and not counted in the share
         count = int((~clipped).sum())
     chosen = torch.argsort(activity, stable=True)[: max(1, int(share * count))]
     rows, cols = chosen // wb, chosen % wb
-    Yb, Rb, Xb = (b[rows, cols].double() for b in (Yv, blocks(residual), Xv))
+    Yb, Rb, Xb = (b[rows, cols].double() for b in (Yv, image_blocks(residual, block), Xv))
     return Yb, Rb, Xb
 
 
