@@ -9,6 +9,7 @@ import typer
 
 from ..pipelines import Outcome, adapt_folder
 from ..tasks.adaptation import AdaptConfig
+from ..tasks.adaptation.config import FIRST_CHANGE_RATIO
 from .denoise import nearly_unchanged, pixel_shuffle_option, unchanged_phrase
 from .options import FOLDER, INFERENCE, RunOptions, shared_options
 from .runner import Reporter
@@ -164,8 +165,8 @@ def adapt_cmd(
             "--decide",
             metavar="change|ood|always",
             help="Which images may change. change: an image keeps the plain result when the first steps move it "
-            "less than its residual noise (oag default); ood: adapt only images the OOD score flags; "
-            "always (ag default).",
+            f"less than {FIRST_CHANGE_RATIO:g} times its residual noise (oag default); ood: adapt only images the "
+            "OOD score flags; always (ag default).",
         ),
     ] = None,
     save_weights: Annotated[
