@@ -400,6 +400,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-5 for ag-*, 3e-5 for oag (the CLI defaults)")
     ap.add_argument("--max-change", type=float, default=AdaptConfig.max_change, help="trust region; 0: none")
     ap.add_argument(
+        "--first-change-ratio",
+        type=float,
+        default=AdaptConfig.first_change_ratio,
+        help="oag (decide change): the first evaluation's least move over the starting residual",
+    )
+    ap.add_argument(
         "--image-noise-bound",
         type=float,
         default=None,
@@ -495,6 +501,7 @@ def main() -> None:
             steps=a.steps,
             lr=a.lr,
             max_change=a.max_change,
+            first_change_ratio=a.first_change_ratio,
             noise_bound=a.noise_bound,
             min_change_ratio=a.min_change_ratio,
             image_noise_bound=a.image_noise_bound,

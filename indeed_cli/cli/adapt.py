@@ -9,7 +9,6 @@ import typer
 
 from ..pipelines import Outcome, adapt_folder
 from ..tasks.adaptation import AdaptConfig
-from ..tasks.adaptation.config import FIRST_CHANGE_RATIO
 from .denoise import nearly_unchanged, pixel_shuffle_option, unchanged_phrase
 from .options import FOLDER, INFERENCE, RunOptions, shared_options
 from .runner import Reporter
@@ -61,6 +60,16 @@ def adapt_cmd(
             help="Trust region: stop when L + S has moved this much (RMS, 8-bit units); 0: none.",
         ),
     ] = AdaptConfig.max_change,
+    first_change_ratio: Annotated[
+        float,
+        typer.Option(
+            "--first-change-ratio",
+            metavar="K",
+            min=0.0,
+            help="--decide change: an image keeps the plain result (or goes to the recorrupted objective) when the "
+            "first evaluation moved its output by less than K times its starting residual.",
+        ),
+    ] = AdaptConfig.first_change_ratio,
     noise_bound: Annotated[
         float | None,
         typer.Option(
@@ -165,7 +174,7 @@ def adapt_cmd(
             "--decide",
             metavar="change|ood|always",
             help="Which images may change. change: an image keeps the plain result when the first steps move it "
-            f"less than {FIRST_CHANGE_RATIO:g} times its residual noise (oag default); ood: adapt only images the "
+            "less than --first-change-ratio times its residual noise (oag default); ood: adapt only images the "
             "OOD score flags; always (ag default).",
         ),
     ] = None,
@@ -211,6 +220,7 @@ def adapt_cmd(
         lr=lr,
         patience=patience,
         max_change=max_change,
+        first_change_ratio=first_change_ratio,
         noise_bound=noise_bound,
         stop_at_bound=stop_at_bound,
         min_change_ratio=min_change_ratio,

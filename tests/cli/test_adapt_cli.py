@@ -341,3 +341,29 @@ def test_stop_at_bound_flags_reach_the_adaptation(run_cli, tmp_path, rng, ckpt_p
         args = ("adapt", d, "--mode", "oag", "-w", ckpt_paths[3], "--steps", "1", "-q", "--denoised-only")
         assert run_cli(*args, *flag, "-o", tmp_path / f"o{i}")[0] == 0
     assert seen == [True, False, True]
+
+
+def test_first_change_ratio_reaches_the_adaptation(run_cli, tmp_path, rng, ckpt_paths, monkeypatch):
+    """--first-change-ratio sets AdaptConfig.first_change_ratio (unset: config.FIRST_CHANGE_RATIO); 0 exits 2
+    with one line and writes nothing."""
+    import indeed_cli.pipelines.adapt as pipeline
+    from indeed_cli.tasks.adaptation.config import FIRST_CHANGE_RATIO
+
+    seen = []
+    real = pipeline.adapt_images
+
+    def spy(items, cfg, *args, **kwargs):
+        seen.append(cfg.first_change_ratio)
+        return real(items, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "adapt_images", spy)
+    d = tmp_path / "in"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    args = ("adapt", d, "--mode", "oag", "-w", ckpt_paths[3], "--steps", "1", "-q", "--denoised-only")
+    assert run_cli(*args, "-o", tmp_path / "o0")[0] == 0
+    assert run_cli(*args, "--first-change-ratio", "2.5", "-o", tmp_path / "o1")[0] == 0
+    assert seen == [FIRST_CHANGE_RATIO, 2.5]
+    code, _, err = run_cli(*args, "--first-change-ratio", "0", "-o", tmp_path / "bad")
+    assert code == 2 and "first_change_ratio" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()

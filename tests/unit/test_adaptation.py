@@ -409,6 +409,14 @@ def test_decide_change_keeps_the_start_when_the_first_steps_move_the_output_litt
     never = EarlyStopping.start(replace(cfg, decide="always"), start)
     assert never.update({"step": 2, "loss": -6.0, "abs_N": 1.1, "change": 0.01}) and never.running
     assert OAG_DECIDE == "change"
+    # AdaptConfig.first_change_ratio (indeed adapt --first-change-ratio) replaces the default ratio
+    moved = {"step": 2, "loss": -6.0, "abs_N": 1.5, "change": 1.5 * FIRST_CHANGE_RATIO * 2.0}
+    assert EarlyStopping.start(cfg, start).update(dict(moved))
+    strict = EarlyStopping.start(replace(cfg, first_change_ratio=2 * FIRST_CHANGE_RATIO), start)
+    assert not strict.update(dict(moved)) and strict.stop == "small first change"
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="first_change_ratio"):
+            replace(cfg, first_change_ratio=bad).check()
 
 
 def test_decide_defaults_depend_on_the_mode(rng):

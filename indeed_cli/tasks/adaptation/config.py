@@ -290,6 +290,8 @@ class AdaptConfig:
     max_tiles: int = 512
     train_stride: int | None = None  # step between training tiles; None: the tile size (no overlap)
     max_change: float = 2.5  # trust region: RMS change of L + S on the evaluation tiles, 8-bit units; 0: none
+    # decide="change": the first evaluation must move L + S by this times the starting residual's RMS
+    first_change_ratio: float = FIRST_CHANGE_RATIO
     # stop when the RMS of N exceeds this many times the images' estimated noise level
     # (noise_level.block_noise_sigma; the discrepancy principle, stopping.EarlyStopping); 0: no bound;
     # None: AG_NOISE_BOUND in adapt(), OAG_NOISE_BOUND otherwise
@@ -361,6 +363,8 @@ class AdaptConfig:
             raise ValueError(f"min_change_ratio must be 0 (always adapted) or more, got {self.min_change_ratio}")
         if self.max_change < 0:
             raise ValueError(f"max_change must be 0 (no trust region) or more, got {self.max_change}")
+        if not self.first_change_ratio > 0:
+            raise ValueError(f"first_change_ratio must be above 0, got {self.first_change_ratio}")
         if self.group is not None and self.group < 1:
             raise ValueError(f"group must be at least 1, got {self.group}")
         if self.recorrupted_steps is not None and self.recorrupted_steps < 1:

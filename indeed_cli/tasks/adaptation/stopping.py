@@ -14,7 +14,8 @@ means on a fixed set of tiles.  An adaptation stops
     and fell after while the objective still improved (docs/reports/2026-11-28-adaptation-noise-level.md);
   - on a non-finite loss, or on collapse (mean |N| below ``collapse_ratio`` of its start; 0: never);
   - with ``decide="change"``, at the first evaluation when the output has moved by less than
-    FIRST_CHANGE_RATIO times the RMS of the starting residual N: the starting weights are kept.
+    ``first_change_ratio`` (config.FIRST_CHANGE_RATIO) times the RMS of the starting residual N: the
+    starting weights are kept.
     Where the plain model already removes most of the noise, the first steps move the output by
     a fraction of its residual and go on to smooth the image; where it misreads the noise as
     signal (real camera noise), they move it by several times its residual
@@ -37,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import FIRST_CHANGE_RATIO, AdaptConfig
+from .config import AdaptConfig
 
 
 @dataclass
@@ -54,7 +55,7 @@ class EarlyStopping:
     stop: str = "steps"  # why it stopped; "steps" while it runs (and when it ran all its steps)
     keep: str = "best"  # "best" or "latest" (module doc)
     # decide="change": the first evaluation must move the output by at least this share of the
-    # starting residual's RMS, or the starting weights are kept (config.FIRST_CHANGE_RATIO)
+    # starting residual's RMS, or the starting weights are kept (AdaptConfig.first_change_ratio)
     first_change: float | None = None
     start_rms_N: float = 0.0
     evaluations: int = 0
@@ -68,7 +69,7 @@ class EarlyStopping:
         """The rule for an adaptation whose evaluation at step 0 gave ``first`` (loss, abs_N, rms_N),
         on images whose estimated noise level is ``noise_sigma`` (8-bit units; None: not bounded)."""
         keep = cfg.keep or "best"
-        ratio = FIRST_CHANGE_RATIO if cfg.decide == "change" else None
+        ratio = cfg.first_change_ratio if cfg.decide == "change" else None
         bound = cfg.noise_bound * noise_sigma if cfg.noise_bound and noise_sigma is not None else None
         abs_N = first.get("abs_N", 0.0)  # the recorrupted objective's records have none (collapse_ratio 0)
         return cls(cfg.max_change, cfg.patience or 0, cfg.collapse_ratio, abs_N, first["loss"], keep=keep,
