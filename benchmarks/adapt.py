@@ -200,12 +200,8 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
                         "adapted": res.best_step > 0,
                         "objective": res.objective if res.best_step > 0 else None,
                         "recorrupted": res.recorrupted,
-                        # what decide="change" reads: the first evaluation's change over the start's RMS of N
-                        "first_change_ratio": (
-                            res.history[1]["change"] / max(res.history[0]["rms_N"], 1e-12)
-                            if len(res.history) > 1 and "change" in res.history[1]
-                            else None
-                        ),
+                        # what decide="change" reads: the ELBO's first change over the start's RMS of N
+                        "first_change_ratio": res.first_change_ratio,
                     }
                 )
         return rows

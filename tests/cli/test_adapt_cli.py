@@ -306,6 +306,12 @@ def test_objective_option(run_cli, tmp_path, rng, ckpt_paths):
     rec = json.loads(out.splitlines()[0])
     assert rec["objective"] in (None, "elbo", "recorrupted") and (rec["objective"] is None) == (not rec["adapted"])
     assert (tmp_path / "auto" / "a.png").exists()
+    # the ELBO ran first (decide change): its first change over the residual is recorded, and where its
+    # weights were kept it passed --first-change-ratio
+    from indeed_cli.tasks.adaptation.config import FIRST_CHANGE_RATIO
+
+    assert isinstance(rec["first_change_ratio"], float) and rec["first_change_ratio"] >= 0
+    assert rec["objective"] != "elbo" or rec["first_change_ratio"] >= FIRST_CHANGE_RATIO
     code, out, _ = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "elbo", *common)
     assert code == 0 and json.loads(out.splitlines()[0])["objective"] in (None, "elbo")
     code, out, err = run_cli("adapt", d, "--mode", "ag", "-o", tmp_path / "ag", "--objective", "recorrupted", *common)

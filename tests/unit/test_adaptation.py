@@ -429,7 +429,8 @@ def test_decide_defaults_depend_on_the_mode(rng):
     oag = adapt_each(ck, [[x] for x in _images(rng)], cfg, tile=32)
     assert all(r.checkpoint is ck or r.checkpoint.training["adapted"]["decide"] == "change" for r in oag)
     for r in oag:  # an image whose first evaluation moved little kept the starting weights
-        moved = r.history[1]["change"] >= FIRST_CHANGE_RATIO * r.history[0]["rms_N"]
+        assert r.first_change_ratio == r.history[1]["change"] / r.history[0]["rms_N"]
+        moved = r.first_change_ratio >= FIRST_CHANGE_RATIO
         assert r.stop != "small first change" if moved else (r.stop == "small first change" and r.best_step == 0)
 
 
@@ -601,3 +602,15 @@ def test_removed_over_noise_is_one_where_exactly_the_noise_was_removed(rng):
     assert 0.85 < removed_over_noise(noisy, clean) < 1.15  # RMS 10 removed, noise level about 10
     assert removed_over_noise(noisy, clean + (noisy - clean) * 0.5) < 0.6
     assert removed_over_noise(noisy, noisy) == 0.0  # nothing removed
+
+
+def test_first_change_ratio_reads_the_elbo_history_only():
+    """stopping.first_change_ratio: the first evaluation's change over the start's RMS of N; None without an
+    evaluation after the start, or for records without a change (the recorrupted objective's)."""
+    from indeed_cli.tasks.adaptation.stopping import first_change_ratio
+
+    start = {"step": 0, "loss": -5.0, "abs_N": 1.0, "change": 0.0, "rms_N": 2.0}
+    first = {"step": 2, "loss": -6.0, "abs_N": 1.2, "change": 3.0, "rms_N": 2.5}
+    assert first_change_ratio([start, first, {**first, "step": 4, "change": 9.0}]) == 1.5
+    assert first_change_ratio([start]) is None and first_change_ratio([]) is None
+    assert first_change_ratio([{"step": 0, "loss": 1.0}, {"step": 20, "loss": 0.5}]) is None

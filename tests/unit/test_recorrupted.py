@@ -213,6 +213,9 @@ def test_recorrupted_adaptation_changes_only_f_theta_s_and_records_itself(rng, o
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("sparse."))
     facts = res.recorrupted
     assert facts["stop"] == "steps" and facts["best_step"] == res.best_step and facts["correlation"][0] >= 0.3
+    # auto: the ELBO's first change over its residual stays with the result; recorrupted alone: no ELBO ran
+    assert (res.first_change_ratio is None) == (objective == "recorrupted")
+    assert objective == "recorrupted" or res.first_change_ratio > 0
     # the noise drawn has the level of the noise added (sigma 0.05: 12.75 grey levels)
     assert facts["noise_sigma"] == pytest.approx(12.75, rel=0.25)
 

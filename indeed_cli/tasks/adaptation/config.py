@@ -390,6 +390,10 @@ class AdaptResult:
     # InDeedAG with objective "auto": the recorrupted adaptation on the same images, whose output an
     # image takes where the ELBO's does not stay (choice.ag_image_result); None otherwise
     fallback: AdaptResult | None = None
+    # InDeedOAG: the ELBO's first change over its starting residual (stopping.first_change_ratio), which
+    # decide="change" compares with AdaptConfig.first_change_ratio; kept where the recorrupted objective's
+    # weights replaced the ELBO's.  None where the ELBO made no evaluation after the start
+    first_change_ratio: float | None = None
     # InDeedOAG's results share the modules they did not adapt (InDeed.with_parameters; read-only:
     # changing one in place changes them all); each holds its adapted module's weights of its own.
 

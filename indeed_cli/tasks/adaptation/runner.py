@@ -77,7 +77,7 @@ from .recorrupted import (
     robust_level_scale,
     spectrum_roots,
 )
-from .stopping import EarlyStopping
+from .stopping import EarlyStopping, first_change_ratio
 
 
 def tiles_of(
@@ -171,8 +171,9 @@ def adapt_each(
                 "loss_curve": history}  # fmt: skip
         kept = best if best_step > 0 or share else None  # None: the starting weights
         results[i] = AdaptResult(
-            _adapted_checkpoint(ckpt, model, kept, cfg, info), history, best_step, stop, *decisions[i]
-        )
+            _adapted_checkpoint(ckpt, model, kept, cfg, info), history, best_step, stop, *decisions[i],
+            first_change_ratio=first_change_ratio(history),
+        )  # fmt: skip
     if cfg.objective in ("auto", "recorrupted"):
         again = [i for i, res in enumerate(results) if res.best_step == 0 and res.stop != "in distribution"]
         flags = [results[i].adapted_images or [True] * len(image_sets[i]) for i in again]
@@ -193,7 +194,9 @@ def adapt_each(
                 # the images the weights are meant for: those decided on and admitted by the gate
                 admitted = iter(outcome.adapted_images)
                 used = [flag and next(admitted) for flag in fl]
-                results[i] = replace(outcome, ood_scores=res.ood_scores, adapted_images=used)
+                results[i] = replace(
+                    outcome, ood_scores=res.ood_scores, adapted_images=used, first_change_ratio=res.first_change_ratio
+                )
             else:  # the ELBO's result stays, with what the recorrupted objective found
                 results[i] = replace(res, recorrupted=outcome.recorrupted)
     return results

@@ -127,3 +127,12 @@ class EarlyStopping:
             if bound is not None and crossed[key] > bound and crossed[key] > kept[key]
         ]
         return min(1.0, max(0.0, min(shares))) if shares else None
+
+
+def first_change_ratio(history: list[dict]) -> float | None:
+    """What ``decide="change"`` reads off an ELBO adaptation's ``history``: the output's change at the first
+    evaluation after the start over the RMS of the starting residual N (docs/model.md, "Which images adapt").
+    None where there is no such evaluation, or the records are not the ELBO's (they carry no change)."""
+    if len(history) < 2 or "change" not in history[1] or "rms_N" not in history[0]:
+        return None
+    return history[1]["change"] / max(history[0]["rms_N"], 1e-12)
