@@ -274,7 +274,9 @@ def _product(
         "best_step": res.best_step,
         "stop": res.stop,
         # OAG: the ELBO's first change over its starting residual, which --first-change-ratio is compared with
-        "first_change_ratio": None if res.first_change_ratio is None else round(res.first_change_ratio, 3),
+        "first_change_ratio": (
+            round(res.first_change_ratio, 3) if mode == "oag" and res.first_change_ratio is not None else None
+        ),
         "loss_start": res.history[0]["loss"] if ran else None,
         "loss_best": min(h["loss"] for h in res.history) if ran else None,
         # the objective of the weights kept: AG keeps the latest no worse than the start, not the lowest

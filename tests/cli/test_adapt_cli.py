@@ -322,6 +322,7 @@ def test_objective_option(run_cli, tmp_path, rng, ckpt_paths):
     assert code == 0, err
     rec = json.loads(out.splitlines()[0])
     assert rec["objective"] in (None, "elbo", "recorrupted") and (rec["objective"] is None) == (not rec["adapted"])
+    assert rec["first_change_ratio"] is None  # ag decides for the folder (always), not per image
     for bad, mode in (("r2r", "oag"), ("r2r", "ag")):
         code, _, err = run_cli("adapt", d, "--mode", mode, "-o", tmp_path / f"bad-{mode}", "--objective", bad, *common)
         assert code == 2 and "objective" in err and not (tmp_path / f"bad-{mode}").exists()
