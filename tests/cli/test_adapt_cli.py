@@ -374,3 +374,28 @@ def test_first_change_ratio_reaches_the_adaptation(run_cli, tmp_path, rng, ckpt_
     code, _, err = run_cli(*args, "--first-change-ratio", "0", "-o", tmp_path / "bad")
     assert code == 2 and "first_change_ratio" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "bad").exists()
+
+
+def test_ag_records_leave_the_first_change_ratio_null(run_cli, tmp_path, rng, ckpt_paths, monkeypatch):
+    """AG adapts a folder (decide always): even where its result carries the ELBO's first change over the
+    residual, the record's first_change_ratio stays null (it is OAG's per-image decision)."""
+    from dataclasses import replace as dc_replace
+
+    import indeed_cli.pipelines.adapt as pipeline
+
+    real = pipeline.ag_image_result
+
+    def with_ratio(*args, **kwargs):
+        res, choice = real(*args, **kwargs)
+        return dc_replace(res, first_change_ratio=1.5), choice
+
+    monkeypatch.setattr(pipeline, "ag_image_result", with_ratio)
+    d = tmp_path / "in"
+    d.mkdir()
+    write_png(d / "a.png", rng.integers(0, 256, (30, 26, 3), dtype=np.uint8))
+    code, out, err = run_cli(
+        "adapt", d, "--mode", "ag", "-w", ckpt_paths[3], "--steps", "1", "-q", "--denoised-only", "--json",
+        "-o", tmp_path / "o",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out.splitlines()[0])["first_change_ratio"] is None
