@@ -202,6 +202,8 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
                         "recorrupted": res.recorrupted,
                         # what decide="change" reads: the ELBO's first change over the start's RMS of N
                         "first_change_ratio": res.first_change_ratio,
+                        # Eq. (noise presence): the detector's score (None: not asked)
+                        "noise_score": (res.noise_scores or [None])[0],
                     }
                 )
         return rows
@@ -402,6 +404,12 @@ def main() -> None:
         help="oag (decide change): the first evaluation's least move over the starting residual",
     )
     ap.add_argument(
+        "--noise-check",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ask the noise-presence detector first (indeed adapt --noise-check; default: on for oag, off for ag-*)",
+    )
+    ap.add_argument(
         "--image-noise-bound",
         type=float,
         default=None,
@@ -498,6 +506,7 @@ def main() -> None:
             lr=a.lr,
             max_change=a.max_change,
             first_change_ratio=a.first_change_ratio,
+            noise_check=a.noise_check,
             noise_bound=a.noise_bound,
             min_change_ratio=a.min_change_ratio,
             image_noise_bound=a.image_noise_bound,

@@ -29,6 +29,16 @@ def fused_blocks_stay_on():
     assert not refused, "a fused residual block call was refused: the fused path is off"
 
 
+@pytest.fixture(autouse=True)
+def no_noise_check(monkeypatch):
+    """OAG asks the noise-presence detector first (config.OAG_NOISE_CHECK) and leaves the tests' random and
+    synthetic images unadapted where it finds no noise in them; the tests of adaptation's mechanics need them
+    adapted, so it is off here.  tests/unit/test_noise_presence.py and the CLI tests that check it turn it on."""
+    from indeed_cli.tasks.adaptation import config
+
+    monkeypatch.setitem(config.OAG_DEFAULTS, "noise_check", False)
+
+
 # `indeed train` options that make the network of tiny_config and train it in a moment
 TINY_TRAIN = ["--rank", "4", "--sparse-width", "8", "--lowrank-width", "8", "--patch", "32", "--batch", "2"]
 

@@ -110,6 +110,16 @@ def adapt_cmd(
             "the evaluation grid) or the last evaluation inside it.",
         ),
     ] = None,
+    noise_check: Annotated[
+        bool | None,
+        typer.Option(
+            "--noise-check/--no-noise-check",
+            show_default=False,
+            help="Ask the bundled noise-presence detector first: an image in which it finds no noise keeps the "
+            "plain result, unadapted (oag: on by default; ag: off by default, and with it a folder is adapted "
+            "unless no image in it has noise).",
+        ),
+    ] = None,
     objective: Annotated[
         str | None,
         typer.Option(
@@ -223,6 +233,7 @@ def adapt_cmd(
         first_change_ratio=first_change_ratio,
         noise_bound=noise_bound,
         stop_at_bound=stop_at_bound,
+        noise_check=noise_check,
         min_change_ratio=min_change_ratio,
         image_noise_bound=image_noise_bound,
         objective=objective,
@@ -246,7 +257,17 @@ def adapt_cmd(
         report=report,
         **run.folder_run(reporter, skip_existing=False),
     )
-    reporter.finish(unadapted_note(reporter.processed()))
+    reporter.finish(no_noise_note(reporter.processed()), unadapted_note(reporter.processed()))
+
+
+def no_noise_note(done: list[Outcome]) -> str:
+    """One line for the images in which the noise-presence detector found no noise (Eq. noise presence): they
+    kept the plain result, and --no-noise-check adapts them anyway."""
+    clean = [o for o in done if o.record.get("stop") == "no noise found"]
+    if not clean:
+        return ""
+    what = f"{clean[0].source.name}: " if len(clean) == 1 else f"{len(clean)} of {len(done)} images: "
+    return what + "no noise found, plain result kept (--no-noise-check adapts anyway)"
 
 
 def unadapted_note(done: list[Outcome]) -> str:
@@ -255,7 +276,7 @@ def unadapted_note(done: list[Outcome]) -> str:
     changed that, as on gray camera noise (docs/reports/2026-12-02-gray-camera-noise.md), so name the
     pixel-shuffle read-out of `indeed denoise`, the stride by the images' channels, and for colour
     images the camera-noise model."""
-    quiet = nearly_unchanged(done)
+    quiet = [o for o in nearly_unchanged(done) if o.record.get("stop") != "no noise found"]  # no_noise_note's
     if not quiet:
         return ""
     what, it, looks, _ = unchanged_phrase(quiet, done, "was not adapted and ", "were not adapted and ")

@@ -271,6 +271,9 @@ def _product(
         # ag: the adapted output's removal over the image's noise level; kept where at most --image-noise-bound
         "removed_over_noise": None if choice is None or choice.removed != choice.removed else round(choice.removed, 3),
         "ood_score": _max_score(res.ood_scores or []),
+        # Eq. (noise presence): the detector's score (above 0: noise found; "stop": "no noise found" where it
+        # found none and the image kept the plain result); None where it was not asked or for gray images
+        "noise_score": _max_score(res.noise_scores or []),
         "best_step": res.best_step,
         "stop": res.stop,
         # OAG: the ELBO's first change over its starting residual, which --first-change-ratio is compared with

@@ -244,6 +244,14 @@ QUIET_DRAW_BLOCKS = 4096
 # AG keeps "latest", not "last": not interpolated.
 OAG_STOP_AT_BOUND = True
 AG_STOP_AT_BOUND = False
+# OAG asks the noise-presence detector (tasks.noise_presence) before adapting an image and keeps the plain
+# result where it finds no noise.  Held out (2-core CPU, bf16): photographs without noise went from -1.88 /
+# -3.62 / -5.59 dB under OAG (Urban100 / Kodak24 / wallpaper crops) to -0.03 / 0.00 / 0.00; of 315 noisy
+# crops and images (camera noise light to heavy, PolyU100 scene-test, SIDD) it kept two unadapted, which
+# had gained +0.81 and -0.00 dB (docs/reports/2026-12-07-noise-presence.md).  AG adapts once on a folder
+# and chooses per image after (choice.py): not measured with it, so off.
+OAG_NOISE_CHECK = True
+AG_NOISE_CHECK = False
 # The settings left None in AdaptConfig, per mode: adapt() (InDeedAG) and adapt_each() (InDeedOAG)
 AG_DEFAULTS = {
     "lr": AG_LR,
@@ -259,6 +267,7 @@ AG_DEFAULTS = {
     "recorrupted_tile": 0,
     "recorrupted_steps": AG_RECORRUPTED_STEPS,
     "stop_at_bound": AG_STOP_AT_BOUND,
+    "noise_check": AG_NOISE_CHECK,
 }
 # InDeedAG with objective "recorrupted": AG's settings, with the learning rate that objective was chosen
 # with (R2R_LR; AG_LR's smaller steps were measured for the ELBO)
@@ -275,6 +284,7 @@ OAG_DEFAULTS = {
     "objective": OAG_OBJECTIVE,
     "recorruption_noise": OAG_RECORRUPTION_NOISE,
     "stop_at_bound": OAG_STOP_AT_BOUND,
+    "noise_check": OAG_NOISE_CHECK,
 }
 
 
@@ -336,6 +346,10 @@ class AdaptConfig:
     # (Eq. stop at the bound, stopping.EarlyStopping.fraction_to_bound) instead of the last evaluation
     # inside it; None: AG_STOP_AT_BOUND in adapt(), OAG_STOP_AT_BOUND otherwise
     stop_at_bound: bool | None = None
+    # ask the noise-presence detector first (tasks.noise_presence, Eq. noise presence): an image in which it
+    # finds no noise keeps the plain result, unadapted; None: OAG_NOISE_CHECK in adapt_each(), AG_NOISE_CHECK
+    # in adapt()
+    noise_check: bool | None = None
     seed: int = 0
 
     def check(self) -> None:
@@ -394,6 +408,8 @@ class AdaptResult:
     # decide="change" compares with AdaptConfig.first_change_ratio; kept where the recorrupted objective's
     # weights replaced the ELBO's.  None where the ELBO made no evaluation after the start
     first_change_ratio: float | None = None
+    # per image given: the noise-presence score (tasks.noise_presence; None: not asked, or a gray image)
+    noise_scores: list[float | None] | None = None
     # InDeedOAG's results share the modules they did not adapt (InDeed.with_parameters; read-only:
     # changing one in place changes them all); each holds its adapted module's weights of its own.
 

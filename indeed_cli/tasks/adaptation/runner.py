@@ -29,6 +29,7 @@ from torch.func import vmap
 from ...inference import InferenceOptions, TileGrid, as_model_channels, shuffled_residuals
 from ...inference.tiling import host_to_device
 from ...model import Checkpoint, CheckpointError, load_checkpoint, resolve_weights
+from ..noise_presence import load_noise_detector, noise_found, noise_presence_score
 from ..ood import image_ood_score
 from .adam import Adam
 from .config import (
@@ -146,6 +147,10 @@ def adapt_each(
         None if any(flags) else AdaptResult(ckpt, [], 0, "in distribution", scores, flags)
         for scores, flags in decisions
     ]
+    noise = noise_presence(image_sets, device) if cfg.noise_check else [None] * len(image_sets)
+    for i, scores in enumerate(noise):  # Eq. (noise presence): nothing to remove, nothing to adapt
+        if results[i] is None and scores is not None and not any(noise_found(s) for s in scores):
+            results[i] = AdaptResult(ckpt, [], 0, "no noise found", *decisions[i])
     todo = [i for i, r in enumerate(results) if r is None]
     if cfg.objective == "recorrupted":  # no ELBO adaptation: every entry goes to the recorrupted one
         for i in todo:
@@ -175,7 +180,11 @@ def adapt_each(
             first_change_ratio=first_change_ratio(history),
         )  # fmt: skip
     if cfg.objective in ("auto", "recorrupted"):
-        again = [i for i, res in enumerate(results) if res.best_step == 0 and res.stop != "in distribution"]
+        again = [
+            i
+            for i, res in enumerate(results)
+            if res.best_step == 0 and res.stop not in ("in distribution", "no noise found")
+        ]
         flags = [results[i].adapted_images or [True] * len(image_sets[i]) for i in again]
         outcomes = adapt_recorrupted(
             ckpt,
@@ -199,7 +208,16 @@ def adapt_each(
                 )
             else:  # the ELBO's result stays, with what the recorrupted objective found
                 results[i] = replace(res, recorrupted=outcome.recorrupted)
-    return results
+    return [replace(res, noise_scores=scores) for res, scores in zip(results, noise)]
+
+
+def noise_presence(image_sets: list[list[np.ndarray]], device: torch.device) -> list[list[float | None] | None]:
+    """Per entry, the noise-presence score of each of its images (tasks.noise_presence; None for a gray
+    image), or None for every entry where the detector's weights are missing."""
+    detector = load_noise_detector(device)
+    if detector is None:
+        return [None] * len(image_sets)
+    return [[noise_presence_score(im, detector) for im in images] for images in image_sets]
 
 
 def _run_jobs(model, names: list[str], frozen: dict, jobs: list[dict], cfg: AdaptConfig, log) -> list[tuple]:

@@ -1,0 +1,130 @@
+"""Is there noise in this photograph?  A small learned detector that InDeedOAG and InDeedAG ask before
+adapting (docs/model.md, Eq. (noise presence); docs/reports/2026-12-07-noise-presence.md).
+
+Adapting to an image without noise removes detail: held-out photographs without noise lost 1.9 to
+5.6 dB on average under OAG, through either objective, and no hand-made statistic (the noise level of
+flat blocks, the colour or the spatial correlation of what the read-outs remove, the OOD score, the
+first-change ratio) told them from photographs under light real camera noise, whose noise is
+correlated, low-frequency and partly removed by JPEG in flat regions.  A convolutional network
+trained on pairs of the same patches with and without noise does: synthetic camera noise
+(:mod:`.camera_noise`, light to heavy, half of them JPEG-compressed together with their clean
+reference, so that compression alone is no cue) and white noise, plus the real noisy / mean
+pairs of PolyU100's scene-dev half.
+
+The network reads two frequency bands of Y (Y − box₃(Y) and box₃(Y) − box₉(Y): noise, not content)
+and gives a logit per 4 × 4 pixels; an image's score is the mean of that map (Eq. noise presence):
+above 0 the detector finds noise, at or below 0 it does not.  0 is the logit's own boundary (the
+training loss's), not a value fitted to a set.  Colour images only; gray images get no score.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..model.registry import weights_dir
+
+NOISE_PRESENCE_FILE = "noise/noise-presence.safetensors"  # under the bundled weights folder
+# images up to this many pixels are scored whole; larger ones on a grid of tiles of NOISE_TILE pixels,
+# at most NOISE_TILES of them, so that a 24-megapixel photograph does not hold 32 full-size feature maps
+NOISE_WHOLE_PIXELS = 1024 * 1024
+NOISE_TILE = 512
+NOISE_TILES = 16
+NOISE_THRESHOLD = 0.0  # the logit's boundary: above it, noise was found
+
+
+def _box(x: torch.Tensor, k: int) -> torch.Tensor:
+    return F.avg_pool2d(F.pad(x, (k // 2,) * 4, mode="reflect"), k, 1)
+
+
+class NoisePresenceNet(nn.Module):
+    """Eq. (noise presence): a map of noise logits, one per 4 × 4 pixels, from two bands of a colour image."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        w = width
+        self.width = w
+        self.body = nn.Sequential(
+            nn.Conv2d(6, w, 3, padding=1), nn.ReLU(), nn.Conv2d(w, w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.ReLU(), nn.Conv2d(2 * w, 1, 1),
+        )  # fmt: skip
+
+    @staticmethod
+    def bands(x: torch.Tensor) -> torch.Tensor:
+        """(n, 3, h, w) in [0, 1] -> (n, 6, h, w): Y − box₃(Y) and box₃(Y) − box₉(Y), times 20."""
+        b3 = _box(x, 3)
+        return 20 * torch.cat([x - b3, b3 - _box(x, 9)], 1)
+
+    def logit_map(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(self.bands(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One logit per image of ``x`` (n, 3, h, w): the mean of its map."""
+        return self.logit_map(x).mean((1, 2, 3))
+
+
+_DETECTORS: dict[str, NoisePresenceNet | None] = {}
+
+
+def noise_presence_path() -> Path:
+    return weights_dir() / NOISE_PRESENCE_FILE
+
+
+def load_noise_detector(device: torch.device | str = "cpu", path: Path | None = None) -> NoisePresenceNet | None:
+    """The bundled detector on ``device`` (loaded once per device), or None where its file is missing
+    (then no image is refused: adaptation runs as it did without it)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path) if path is not None else noise_presence_path()
+    key = f"{path}|{device}"
+    if key not in _DETECTORS:
+        if not path.is_file():
+            _DETECTORS[key] = None
+        else:
+            with safe_open(str(path), "pt") as f:
+                meta = json.loads((f.metadata() or {}).get("config", "{}"))
+            net = NoisePresenceNet(int(meta.get("width", 32)))
+            net.load_state_dict(load_file(str(path)))
+            _DETECTORS[key] = net.eval().requires_grad_(False).to(device)
+    return _DETECTORS[key]
+
+
+def _tiles(image: torch.Tensor) -> list[torch.Tensor]:
+    """The whole (3, h, w) image where it is small enough, else up to NOISE_TILES tiles of NOISE_TILE on an
+    even grid over it."""
+    _, h, w = image.shape
+    if h * w <= NOISE_WHOLE_PIXELS or min(h, w) < NOISE_TILE:
+        return [image]
+    rows = np.linspace(0, h - NOISE_TILE, max(1, min(4, h // NOISE_TILE))).round().astype(int)
+    cols = np.linspace(0, w - NOISE_TILE, max(1, min(4, w // NOISE_TILE))).round().astype(int)
+    return [image[:, r : r + NOISE_TILE, c : c + NOISE_TILE] for r in rows for c in cols][:NOISE_TILES]
+
+
+def noise_presence_score(
+    image, detector: NoisePresenceNet | None = None, device: torch.device | str = "cpu"
+) -> float | None:
+    """Eq. (noise presence) of one image (C, h, w) in [0, 1] (array or tensor): the mean noise logit
+    (above NOISE_THRESHOLD: noise found).  None for a gray image, an image smaller than 16 × 16, or
+    without the detector's weights."""
+    x = torch.as_tensor(np.asarray(image, dtype=np.float32) if not torch.is_tensor(image) else image)
+    if x.dim() != 3 or x.shape[0] != 3 or min(x.shape[1:]) < 16:
+        return None
+    net = detector if detector is not None else load_noise_detector(device)
+    if net is None:
+        return None
+    dev = next(net.parameters()).device
+    with torch.no_grad():
+        parts = [net.logit_map(t.to(dev, torch.float32)[None]) for t in _tiles(x)]
+    return float(torch.stack([p.mean() for p in parts]).mean())
+
+
+def noise_found(score: float | None) -> bool:
+    """Whether an image with this score may be adapted: noise found, or no score to go by."""
+    return score is None or score > NOISE_THRESHOLD

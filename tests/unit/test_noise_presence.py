@@ -1,0 +1,145 @@
+"""The noise-presence detector (tasks.noise_presence, Eq. noise presence) and OAG's use of it."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+
+from indeed_cli.model import Checkpoint
+from indeed_cli.tasks import noise_presence as npres
+from indeed_cli.tasks.adaptation import AdaptConfig
+from indeed_cli.tasks.adaptation.runner import adapt_each
+from indeed_cli.tasks.camera_noise import camera_pair
+
+
+def tiny_checkpoint(c: int = 3) -> Checkpoint:
+    m = tiny_model(c)
+    return Checkpoint(m, m.cfg, {}, {}, "tiny")
+
+
+def scene(h: int = 192, w: int = 192, seed: int = 0) -> np.ndarray:
+    """A clean colour picture: smooth shading and flat rectangles, through a lens's blur (3 x 3); 8-bit.
+    (Low-pass random texture would not do: it is what correlated noise looks like.)"""
+    g = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w] / max(h, w)
+    img = np.stack([0.3 + 0.4 * xx, 0.2 + 0.5 * yy, 0.6 - 0.3 * xx * yy]).astype(np.float32)
+    for _ in range(6):
+        r, c = g.integers(0, h - 40), g.integers(0, w - 40)
+        img[:, r : r + g.integers(10, 40), c : c + g.integers(10, 40)] = g.random(3)[:, None, None]
+    img = npres._box(torch.tensor(img)[None], 3)[0].numpy()
+    return np.round(np.clip(img, 0, 1) * 255).astype(np.float32) / 255
+
+
+@pytest.fixture(autouse=True)
+def noise_check_as_shipped(monkeypatch, no_noise_check):
+    from indeed_cli.tasks.adaptation import config
+
+    monkeypatch.setitem(config.OAG_DEFAULTS, "noise_check", config.OAG_NOISE_CHECK)
+
+
+@pytest.fixture(scope="module")
+def detector():
+    net = npres.load_noise_detector("cpu")
+    if net is None:
+        pytest.skip("the bundled noise-presence weights are not in this checkout")
+    return net
+
+
+def test_bands_see_no_content_in_a_flat_image_and_the_map_is_a_quarter_size():
+    net = npres.NoisePresenceNet(8)
+    flat = torch.full((1, 3, 32, 40), 0.4)
+    assert torch.allclose(net.bands(flat), torch.zeros(1, 6, 32, 40), atol=1e-4)
+    assert net.logit_map(flat).shape == (1, 1, 8, 10)
+    assert net(torch.rand(2, 3, 32, 32)).shape == (2,)
+
+
+def test_the_shipped_detector_finds_camera_noise_and_none_in_the_clean_picture(detector):
+    clean = scene()
+    s0 = npres.noise_presence_score(clean, detector)
+    scores = [npres.noise_presence_score(camera_pair(clean, lvl, 3)[0], detector) for lvl in ("medium", "heavy")]
+    white = np.round(np.clip(clean + np.random.default_rng(1).normal(0, 6 / 255, clean.shape), 0, 1) * 255) / 255
+    scores.append(npres.noise_presence_score(white.astype(np.float32), detector))
+    assert s0 <= npres.NOISE_THRESHOLD and not npres.noise_found(s0)
+    assert all(s > npres.NOISE_THRESHOLD for s in scores), (s0, scores)
+
+
+def test_the_score_is_the_mean_of_the_map_and_large_images_are_read_on_tiles(detector):
+    img = scene(64, 80)
+    with torch.no_grad():
+        direct = float(detector.logit_map(torch.tensor(img)[None]).mean())
+    assert npres.noise_presence_score(img, detector) == pytest.approx(direct, abs=1e-6)
+    big = np.zeros((3, 1100, 2100), np.float32)
+    big[:, 0, 0], big[:, -1, -1] = 1.0, 2.0
+    tiles = npres._tiles(torch.tensor(big))
+    assert 1 < len(tiles) <= npres.NOISE_TILES and all(t.shape[1:] == (npres.NOISE_TILE,) * 2 for t in tiles)
+    assert float(tiles[0][0, 0, 0]) == 1.0 and float(tiles[-1][0, -1, -1]) == 2.0  # the grid runs corner to corner
+    assert npres.noise_presence_score(np.zeros((3, 600, 600), np.float32), detector) is not None
+
+
+def test_gray_tiny_and_missing_weights_give_no_score_and_do_not_refuse(tmp_path):
+    net = npres.NoisePresenceNet(4)
+    assert npres.noise_presence_score(np.zeros((1, 64, 64), np.float32), net) is None
+    assert npres.noise_presence_score(np.zeros((3, 8, 64), np.float32), net) is None
+    assert npres.load_noise_detector("cpu", tmp_path / "missing.safetensors") is None
+    assert npres.noise_found(None)
+
+
+def test_oag_keeps_the_start_where_no_noise_is_found_and_adapts_otherwise(detector):
+    ckpt = tiny_checkpoint(3)
+    clean = scene(64, 64)
+    noisy = camera_pair(clean, "heavy", 5)[0]
+    cfg = AdaptConfig(steps=2, eval_every=1, objective="elbo", decide="always")
+    res_clean, res_noisy = adapt_each(ckpt, [[clean], [noisy]], cfg)
+    assert res_clean.stop == "no noise found" and res_clean.best_step == 0 and res_clean.history == []
+    assert res_clean.checkpoint is ckpt  # the plain result: the starting weights themselves
+    assert res_clean.noise_scores[0] <= 0 < res_noisy.noise_scores[0]
+    assert res_noisy.stop != "no noise found" and res_noisy.history  # it ran
+    off = adapt_each(ckpt, [[clean]], AdaptConfig(steps=2, eval_every=1, objective="elbo", decide="always",
+                                                  noise_check=False))[0]  # fmt: skip
+    assert off.stop != "no noise found" and off.history and off.noise_scores is None
+    # AG's default leaves the check off
+    from indeed_cli.tasks.adaptation import adapt
+
+    assert adapt(ckpt, [clean], AdaptConfig(steps=1, eval_every=1, objective="elbo")).stop != "no noise found"
+    from indeed_cli.tasks.adaptation.config import AG_NOISE_CHECK, OAG_NOISE_CHECK
+
+    assert OAG_NOISE_CHECK and not AG_NOISE_CHECK
+
+
+def test_the_adapt_cli_records_the_score_and_keeps_a_clean_picture_plain(run_cli, tmp_path, ckpt_paths, detector):
+    import json
+
+    from conftest import write_png
+
+    d = tmp_path / "in"
+    d.mkdir()
+    write_png(d / "clean.png", (scene(64, 64).transpose(1, 2, 0) * 255).round().astype(np.uint8))
+    noisy = camera_pair(scene(64, 64, seed=1), "heavy", 2)[0]
+    write_png(d / "noisy.png", (noisy.transpose(1, 2, 0) * 255).round().astype(np.uint8))
+    common = (
+        "--mode",
+        "oag",
+        "-w",
+        ckpt_paths[3],
+        "--steps",
+        "2",
+        "--precision",
+        "fp32",
+        "--json",
+        "-q",
+        "--denoised-only",
+    )
+    code, out, err = run_cli("adapt", d, "-o", tmp_path / "on", *common)
+    assert code == 0, err
+    recs = {Path(r["image"]).name: r for r in map(json.loads, out.splitlines())}
+    assert recs["clean.png"]["stop"] == "no noise found" and not recs["clean.png"]["adapted"]
+    assert recs["clean.png"]["noise_score"] <= 0 < recs["noisy.png"]["noise_score"]
+    assert recs["noisy.png"]["stop"] != "no noise found"
+    code, _, err = run_cli("adapt", d, "-o", tmp_path / "said", *common[:-2])  # not quiet, no JSON
+    assert code == 0 and "clean.png: no noise found, plain result kept (--no-noise-check adapts anyway)" in err
+    code, out, err = run_cli("adapt", d, "-o", tmp_path / "off", "--no-noise-check", *common)
+    assert code == 0, err
+    assert all(json.loads(line)["noise_score"] is None for line in out.splitlines())
+    assert all(json.loads(line)["stop"] != "no noise found" for line in out.splitlines())
