@@ -215,9 +215,11 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
         # the library's per-image result after AG: the choice after the ELBO (the recorrupted
         # objective's gate chose already), the fallback of objective auto
         if shared and pixel_shuffle == 1:
+            noise_score = shared.noise_scores[i] if shared.noise_scores else None  # --noise-check
             res, choice = ag_image_result(
-                ck, shared, y, adapted, None, rules.min_change_ratio, rules.image_noise_bound, opts, fallback_used[i]
-            )
+                ck, shared, y, adapted, None, rules.min_change_ratio, rules.image_noise_bound, opts, fallback_used[i],
+                noise_score,
+            )  # fmt: skip
             adapted = res.best_step > 0
             out = np.clip(choice.output, 0, 1) if choice else denoise(res.checkpoint, y, opts)
         else:

@@ -116,8 +116,8 @@ def adapt_cmd(
             "--noise-check/--no-noise-check",
             show_default=False,
             help="Ask the bundled noise-presence detector first: an image in which it finds no noise keeps the "
-            "plain result, unadapted (oag: on by default; ag: off by default, and with it a folder is adapted "
-            "unless no image in it has noise).",
+            "plain result, unadapted, and ag leaves it out of the folder's adaptation (on by default for oag, "
+            "off for ag).",
         ),
     ] = None,
     objective: Annotated[

@@ -165,16 +165,18 @@ def _steps(
         ends = np.cumsum([len(p) for p in planes])
         flags, scores = shared.adapted_images, shared.ood_scores
         fallback = shared.fallback.adapted_images if shared.fallback else [False] * len(flags)
+        noise = shared.noise_scores or [None] * len(flags)  # --noise-check: each plane's noise-presence score
         decided = {
-            id(img): (any(flags[e - len(p) : e]), _max_score(scores[e - len(p) : e]), any(fallback[e - len(p) : e]))
+            id(img): (any(flags[e - len(p) : e]), _max_score(scores[e - len(p) : e]), any(fallback[e - len(p) : e]),
+                      _max_score(noise[e - len(p) : e]))
             for img, p, e in zip(pool, planes, ends)
-        }
-        used = sum(a for a, _, _ in decided.values())
+        }  # fmt: skip
+        used = sum(a for a, _, _, _ in decided.values())
         progress.note(
             f"adapted module {cfg.modules} on {used} of {len(pool)} images in {time.perf_counter() - t0:.1f} s "
             f"(best step {shared.best_step}, stopped: {shared.stop})"
             + (
-                f"; the recorrupted objective on {sum(f for _, _, f in decided.values())} (best step "
+                f"; the recorrupted objective on {sum(f for _, _, f, _ in decided.values())} (best step "
                 f"{shared.fallback.best_step}) for images that keep the plain output"
                 if shared.fallback
                 else ""
@@ -192,13 +194,14 @@ def _steps(
         choice = None
         if shared:
             img = items[0][1]
-            adapted, score, fallback_used = decided[id(img)]
+            adapted, score, fallback_used, noise_score = decided[id(img)]
             base = models.get(img.channels)
             # per image: the ELBO's adapted output or the plain one (the recorrupted objective's
             # output is kept where its gate admitted the image, as in OAG), or the fallback's
             res, choice = ag_image_result(
-                base, shared, img, adapted, score, rules.min_change_ratio, rules.image_noise_bound, opts, fallback_used
-            )
+                base, shared, img, adapted, score, rules.min_change_ratio, rules.image_noise_bound, opts, fallback_used,
+                noise_score,
+            )  # fmt: skip
             results, together = [res], [used if res.best_step > 0 else 1]
         else:  # oag: each image adapted alone with its own channel count's checkpoint, in batched runs
             results, together = adapt_images(

@@ -143,3 +143,31 @@ def test_the_adapt_cli_records_the_score_and_keeps_a_clean_picture_plain(run_cli
     assert code == 0, err
     assert all(json.loads(line)["noise_score"] is None for line in out.splitlines())
     assert all(json.loads(line)["stop"] != "no noise found" for line in out.splitlines())
+    # ag asks only when told, and then per image
+    ag = ("--mode", "ag", *common[2:])
+    code, out, err = run_cli("adapt", d, "-o", tmp_path / "ag", *ag)
+    assert code == 0, err
+    assert all(json.loads(line)["noise_score"] is None for line in out.splitlines())
+    code, out, err = run_cli("adapt", d, "-o", tmp_path / "ag-check", "--noise-check", *ag)
+    assert code == 0, err
+    recs = {Path(r["image"]).name: r for r in map(json.loads, out.splitlines())}
+    assert recs["clean.png"]["stop"] == "no noise found" and not recs["clean.png"]["adapted"]
+    assert recs["clean.png"]["noise_score"] <= 0 < recs["noisy.png"]["noise_score"]
+
+
+def test_ag_with_the_check_adapts_on_the_noisy_images_only_and_keeps_the_clean_one_plain(detector):
+    from indeed_cli.tasks.adaptation import adapt
+    from indeed_cli.tasks.adaptation.choice import ag_image_result
+
+    ckpt = tiny_checkpoint(3)
+    clean, noisy = scene(64, 64), camera_pair(scene(64, 64, seed=1), "heavy", 5)[0]
+    cfg = AdaptConfig(steps=2, eval_every=1, objective="elbo", noise_check=True, min_change_ratio=0.0)
+    shared = adapt(ckpt, [clean, noisy], cfg)
+    assert shared.adapted_images == [False, True]  # the clean picture's tiles were not adapted on
+    assert shared.noise_scores[0] <= 0 < shared.noise_scores[1]
+    res, _ = ag_image_result(ckpt, shared, clean, False, None, 0.0, 0.0, None, False, shared.noise_scores[0])
+    assert res.stop == "no noise found" and res.checkpoint is ckpt and res.noise_scores == [shared.noise_scores[0]]
+    res, _ = ag_image_result(ckpt, shared, noisy, True, None, 0.0, 0.0, None, False, shared.noise_scores[1])
+    assert res.stop != "no noise found" and res.noise_scores == [shared.noise_scores[1]]
+    # a folder without noise: nothing adapted
+    assert adapt(ckpt, [clean], cfg).stop == "no noise found"

@@ -14,12 +14,13 @@ it had smoothed the image (up to -1.3 dB on single PolyU crops).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ...inference import InferenceOptions, as_image, denoise_with_stats
 from ...model import Checkpoint
+from ..noise_presence import noise_found
 from .config import AdaptResult
 from .noise_level import block_noise_sigma
 
@@ -86,6 +87,7 @@ def ag_image_result(
     noise_bound: float = 0.0,
     opts: InferenceOptions | None = None,
     fallback_used: bool = False,
+    noise_score: float | None = None,
 ) -> tuple[AdaptResult, ImageChoice | None]:
     """InDeedAG's result for one image of the folder ``shared`` was adapted on: whose weights give
     its output, and the per-image choice where one was made (its ``output`` is then that output).
@@ -94,7 +96,18 @@ def ag_image_result(
     ``score``: its OOD score.  After the ELBO, :func:`choose_output` keeps the adapted output or the
     plain one; where the image keeps the starting weights (not used, the choice kept the plain
     output, or the ELBO kept its start) and ``shared.fallback`` (objective "auto") adapted on it
-    (``fallback_used``: its gate admitted the image), the fallback's weights give its output."""
+    (``fallback_used``: its gate admitted the image), the fallback's weights give its output.
+    ``noise_score``: the image's noise-presence score where the check ran (``AdaptConfig.noise_check``), which
+    the result carries; where it is not above 0 the image was not used, and its result says "no noise found"."""
+    result, choice = _ag_image_result(base, shared, image, used, score, min_ratio, noise_bound, opts, fallback_used)
+    if noise_score is None:
+        return result, choice
+    if not noise_found(noise_score):
+        result = AdaptResult(base, [], 0, "no noise found", [score], [False])
+    return replace(result, noise_scores=[noise_score]), choice
+
+
+def _ag_image_result(base, shared, image, used, score, min_ratio, noise_bound, opts, fallback_used):
     left = "uncorrelated noise" if shared.objective == "recorrupted" else "in distribution"
     choice = None
     if not used:

@@ -148,8 +148,12 @@ def adapt_each(
         for scores, flags in decisions
     ]
     noise = noise_presence(image_sets, device) if cfg.noise_check else [None] * len(image_sets)
-    for i, scores in enumerate(noise):  # Eq. (noise presence): nothing to remove, nothing to adapt
-        if results[i] is None and scores is not None and not any(noise_found(s) for s in scores):
+    for i, scores in enumerate(noise):  # Eq. (noise presence): an image without noise is not adapted on
+        if scores is None:
+            continue
+        flags = [flag and noise_found(s) for flag, s in zip(decisions[i][1], scores)]
+        decisions[i] = (decisions[i][0], flags)
+        if results[i] is None and not any(flags):  # nothing to remove, nothing to adapt
             results[i] = AdaptResult(ckpt, [], 0, "no noise found", *decisions[i])
     todo = [i for i, r in enumerate(results) if r is None]
     if cfg.objective == "recorrupted":  # no ELBO adaptation: every entry goes to the recorrupted one
