@@ -171,3 +171,26 @@ def test_ag_with_the_check_adapts_on_the_noisy_images_only_and_keeps_the_clean_o
     assert res.stop != "no noise found" and res.noise_scores == [shared.noise_scores[1]]
     # a folder without noise: nothing adapted
     assert adapt(ckpt, [clean], cfg).stop == "no noise found"
+
+
+def test_the_denoise_note_says_what_the_detector_found_in_nearly_unchanged_images(tmp_path, detector):
+    """`indeed denoise` names what to run only where the detector finds noise the model left in place."""
+    from conftest import write_png
+
+    from indeed_cli.cli.denoise import little_change_note
+    from indeed_cli.pipelines import Outcome
+
+    clean = write_png(tmp_path / "clean.png", (scene().transpose(1, 2, 0) * 255).round().astype(np.uint8))
+    noisy_img = camera_pair(scene(seed=1), "heavy", 2)[0]
+    noisy = write_png(tmp_path / "noisy.png", (noisy_img.transpose(1, 2, 0) * 255).round().astype(np.uint8))
+    rec = {"change_rms": 0.4, "ood": False, "adapted": None, "channels": 3, "weights": "w/x.safetensors"}
+    note = little_change_note([Outcome(clean, rec)])
+    expected = "clean.png changed by only 0.4 grey levels (RMS), and the noise-presence detector finds no noise in it"
+    assert note == expected + ": nothing to remove"
+    note = little_change_note([Outcome(noisy, rec)])
+    assert "but the noise-presence detector finds noise in it, which the model reads as signal: try" in note
+    assert "indeed adapt" in note
+    both = little_change_note([Outcome(clean, rec), Outcome(noisy, rec)])
+    assert both.startswith("2 of 2 images changed by less than") and "finds noise in 1 of 2 it checked" in both
+    # a file that cannot be read again (or stdin) is not checked: the note is the one without the detector
+    assert "fine if it is clean" in little_change_note([Outcome(tmp_path / "gone.png", rec)])
