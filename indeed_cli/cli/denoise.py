@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 
-from ..io import JPEG_QUALITY, PNG_LEVEL, is_stdio
+from ..io import JPEG_QUALITY, PNG_LEVEL, is_stdio, read_image
 from ..model.registry import BUNDLED_CAMERA
 from ..pipelines import Outcome, denoise_folder
+from ..tasks.noise_presence import NOISE_THRESHOLD, load_noise_detector, noise_presence_score
 from .options import ALL_SHARED, RunOptions, shared_options
 from .runner import CLIError, Reporter
 
@@ -134,9 +135,6 @@ NOISE_CHECKED = 8
 def noise_found_in(quiet: list[Outcome]) -> tuple[int, int]:
     """Of up to NOISE_CHECKED colour images of ``quiet`` that can be read again from their files, how many
     the noise-presence detector finds noise in (Eq. noise presence), and how many it checked."""
-    from ..io import read_image
-    from ..tasks.noise_presence import NOISE_THRESHOLD, load_noise_detector, noise_presence_score
-
     found = checked = 0
     detector = load_noise_detector("cpu")
     for o in quiet:
@@ -165,19 +163,20 @@ def little_change_note(done: list[Outcome]) -> str:
     options = _alternatives(quiet)
     found, checked = noise_found_in(quiet)
     if checked:
-        where = (
-            "it"
-            if len(quiet) == 1
-            else f"the {checked} it checked"
-            if checked == len(quiet)
-            else f"{checked} it checked"
-        )
+        where = _checked(len(quiet), checked)
         if not found:
             return f"{what}, and the noise-presence detector finds no noise in {where}: nothing to remove"
         share = "it" if len(quiet) == 1 else f"{found} of {where.removeprefix('the ')}"
         signal = "which the model reads as signal"
         return f"{what}, but the noise-presence detector finds noise in {share}, {signal}: try {options}"
     return f"{what}: fine if {it} clean; if {looks} noisy, {its} noise is unlike Gaussian noise: try {options}"
+
+
+def _checked(n: int, checked: int) -> str:
+    """The images the detector checked, of ``n``, as a note names them: "it", "the 3 it checked", "8 it checked"."""
+    if n == 1:
+        return "it"
+    return f"the {checked} it checked" if checked == n else f"{checked} it checked"
 
 
 def _alternatives(images: list[Outcome], first: tuple[str, ...] = ()) -> str:
@@ -256,7 +255,9 @@ def pixel_shuffle_option(images: list[Outcome]) -> str:
 
 def ood_warning(done: list[Outcome]) -> str:
     """One line when images were flagged as out of distribution and left unadapted: their noise
-    (real camera noise, say) is unlike the training noise and may be left largely in place."""
+    (real camera noise, say) is unlike the training noise and may be left largely in place; unless the
+    noise-presence detector finds no noise in the colour ones it checked (photographs without noise can
+    look unlike the training images too)."""
     flagged = [o for o in done if o.record.get("ood") and not o.record.get("adapted")]
     if not flagged:
         return ""
@@ -268,4 +269,12 @@ def ood_warning(done: list[Outcome]) -> str:
     else:
         what = f"{len(flagged)} of {len(done)} images look unlike the training images (OOD score > {threshold:.3g})"
     options = _alternatives(flagged, ("--auto-adapt",))
+    found, checked = noise_found_in(flagged)  # the colour ones, as little_change_note does
+    if checked:
+        where = _checked(len(flagged), checked)
+        if not found:
+            return f"{what}, but the noise-presence detector finds no noise in {where}: nothing to remove"
+        share = "it" if len(flagged) == 1 else f"{found} of {where.removeprefix('the ')}"
+        left = "it may be left in place"
+        return f"{what}, and the noise-presence detector finds noise in {share}: {left}; rerun with {options}"
     return f"{what}: real camera noise, say, may be left in place; rerun with {options}"

@@ -194,3 +194,21 @@ def test_the_denoise_note_says_what_the_detector_found_in_nearly_unchanged_image
     assert both.startswith("2 of 2 images changed by less than") and "finds noise in 1 of 2 it checked" in both
     # a file that cannot be read again (or stdin) is not checked: the note is the one without the detector
     assert "fine if it is clean" in little_change_note([Outcome(tmp_path / "gone.png", rec)])
+
+
+def test_the_ood_line_says_when_the_detector_finds_no_noise_in_flagged_images(tmp_path, detector):
+    from conftest import write_png
+
+    from indeed_cli.cli.denoise import ood_warning
+    from indeed_cli.pipelines import Outcome
+
+    clean = write_png(tmp_path / "clean.png", (scene().transpose(1, 2, 0) * 255).round().astype(np.uint8))
+    noisy_img = camera_pair(scene(seed=1), "heavy", 2)[0]
+    noisy = write_png(tmp_path / "noisy.png", (noisy_img.transpose(1, 2, 0) * 255).round().astype(np.uint8))
+    rec = {"ood": True, "ood_score": 0.6, "ood_threshold": 0.4, "adapted": None, "channels": 3, "weights": "w/x"}
+    assert ood_warning([Outcome(clean, rec)]).endswith(
+        "but the noise-presence detector finds no noise in it: nothing to remove"
+    )
+    both = ood_warning([Outcome(clean, rec), Outcome(noisy, rec)])
+    assert "finds noise in 1 of 2 it checked: it may be left in place; rerun with --auto-adapt" in both
+    assert "may be left in place; rerun with --auto-adapt" in ood_warning([Outcome(tmp_path / "gone.png", rec)])
