@@ -89,6 +89,22 @@ def test_noise_filters_solve_their_eigenproblems_in_bounded_runs(rng, monkeypatc
     split = R.spectrum_root(spectra, 32)
     assert sizes == [1000, 1000, 1000, 72]
     torch.testing.assert_close(split, whole)
+    # a device without room for a run: that run and the rest go in halves, and the filters are the same
+    sizes.clear()
+
+    def tight(a):
+        if a.shape[0] > 400:
+            raise torch.OutOfMemoryError("no room")
+        sizes.append(a.shape[0])
+        return eigh(a)
+
+    monkeypatch.setattr(torch.linalg, "eigh", tight)
+    halved = R.spectrum_root(spectra, 32)
+    assert max(sizes) <= 400 and sum(sizes) == 3072 and sizes[0] == 250
+    torch.testing.assert_close(halved, whole)
+    monkeypatch.setattr(torch.linalg, "eigh", lambda a: (_ for _ in ()).throw(torch.OutOfMemoryError("none")))
+    with pytest.raises(torch.OutOfMemoryError):
+        R.spectrum_root(spectra, 32)
 
 
 def test_recorrupted_copies_have_independent_noises_when_z_matches_the_noise(rng):

@@ -84,15 +84,34 @@ def spectrum_root(spectrum: torch.Tensor, size: int, lag: int = SPECTRUM_LAG) ->
     C = S.shape[-1]
     # the C x C eigenproblems EIGH_AT_ONCE at a time: a GPU's batched solver asked for 464 GiB of
     # workspace for the 32 x 128 x 128 problems of one OAG group at once (NVIDIA H100, 2026-12-07)
-    parts = [torch.linalg.eigh(part) for part in S.reshape(-1, C, C).split(EIGH_AT_ONCE)]
+    parts = _eigh_in_runs(S.reshape(-1, C, C), EIGH_AT_ONCE)
     lam = torch.cat([w for w, _ in parts]).reshape(S.shape[:-1])
     V = torch.cat([v for _, v in parts]).reshape(S.shape)
     root = (V * lam.clamp(min=0).sqrt().to(V.dtype)[..., None, :]) @ V.conj().transpose(-1, -2)
     return root.to(torch.complex64)
 
 
+def _eigh_in_runs(problems: torch.Tensor, run: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``torch.linalg.eigh`` of (n, C, C) Hermitian ``problems``, ``run`` at a time; where the device runs out of
+    memory, the run that failed and those after it in runs half as long (down to 1).  Even runs of 128 x 128
+    problems asked a GPU for 16.57 GiB of workspace, which three processes sharing one NVIDIA H100 did not
+    have (2026-12-07, docs/reports/2026-12-07-noise-presence.md, section 5); alone they fit."""
+    parts, start = [], 0
+    while start < len(problems):
+        try:
+            parts.append(torch.linalg.eigh(problems[start : start + run]))
+        except torch.OutOfMemoryError:
+            if run == 1:
+                raise
+            run = max(1, run // 2)
+            continue
+        start += len(parts[-1][0])
+    return parts
+
+
 # C x C eigenproblems solved in one call: those of one 128 x 128 filter, as each image's filter was made
 # on its own until 2026-12-06 (the GPU runs of docs/results.md); the whole group's at once ran out of memory
+# (and where a shared GPU has not room for these, _eigh_in_runs halves them)
 EIGH_AT_ONCE = 128 * 128
 # noise filters made together: their spectra and filters in batched calls, their eigenproblems as above
 ROOTS_AT_ONCE = 64
