@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..model import list_checkpoints
+from ..tasks.noise_presence import noise_presence_path
 
 
 def models_cmd(
@@ -42,6 +43,8 @@ def models_cmd(
             f"{r['size_mb']:.1f}",
         )
     Console().print(table)
+    if noise_presence_path().is_file():  # not a checkpoint --weights takes: a note, not a row
+        typer.echo(f"Also bundled: {noise_presence_path()}, the noise-presence detector `indeed adapt` asks", err=True)
     typer.echo("Paths and training facts: indeed models --json", err=True)
 
 

@@ -212,3 +212,8 @@ def test_the_ood_line_says_when_the_detector_finds_no_noise_in_flagged_images(tm
     both = ood_warning([Outcome(clean, rec), Outcome(noisy, rec)])
     assert "finds noise in 1 of 2 it checked: it may be left in place; rerun with --auto-adapt" in both
     assert "may be left in place; rerun with --auto-adapt" in ood_warning([Outcome(tmp_path / "gone.png", rec)])
+
+
+def test_models_names_the_bundled_detector(run_cli, detector):
+    code, _, err = run_cli("models")
+    assert code == 0 and "Also bundled:" in err and "noise-presence.safetensors" in err
