@@ -161,22 +161,27 @@ def little_change_note(done: list[Outcome]) -> str:
         return ""
     what, it, looks, its = unchanged_phrase(quiet, done)
     options = _alternatives(quiet)
-    found, checked = noise_found_in(quiet)
-    if checked:
-        where = _checked(len(quiet), checked)
-        if not found:
+    said = _detector_says(quiet)
+    if said:
+        where, share = said
+        if not share:
             return f"{what}, and the noise-presence detector finds no noise in {where}: nothing to remove"
-        share = "it" if len(quiet) == 1 else f"{found} of {where.removeprefix('the ')}"
         signal = "which the model reads as signal"
         return f"{what}, but the noise-presence detector finds noise in {share}, {signal}: try {options}"
     return f"{what}: fine if {it} clean; if {looks} noisy, {its} noise is unlike Gaussian noise: try {options}"
 
 
-def _checked(n: int, checked: int) -> str:
-    """The images the detector checked, of ``n``, as a note names them: "it", "the 3 it checked", "8 it checked"."""
-    if n == 1:
-        return "it"
-    return f"the {checked} it checked" if checked == n else f"{checked} it checked"
+def _detector_says(images: list[Outcome]) -> tuple[str, str] | None:
+    """What the noise-presence detector found in ``images`` (:func:`noise_found_in`), as the notes word it:
+    None where it checked none, else (the images it checked, those it found noise in; "" for none): ("it",
+    "it") for one image, ("the 3 it checked", "1 of 3 it checked") or ("8 it checked", "") for several."""
+    found, checked = noise_found_in(images)
+    if not checked:
+        return None
+    if len(images) == 1:
+        return "it", "it" if found else ""
+    where = f"the {checked} it checked" if checked == len(images) else f"{checked} it checked"
+    return where, f"{found} of {checked} it checked" if found else ""
 
 
 def _alternatives(images: list[Outcome], first: tuple[str, ...] = ()) -> str:
@@ -269,12 +274,11 @@ def ood_warning(done: list[Outcome]) -> str:
     else:
         what = f"{len(flagged)} of {len(done)} images look unlike the training images (OOD score > {threshold:.3g})"
     options = _alternatives(flagged, ("--auto-adapt",))
-    found, checked = noise_found_in(flagged)  # the colour ones, as little_change_note does
-    if checked:
-        where = _checked(len(flagged), checked)
-        if not found:
+    said = _detector_says(flagged)  # the colour ones, as little_change_note does
+    if said:
+        where, share = said
+        if not share:
             return f"{what}, but the noise-presence detector finds no noise in {where}: nothing to remove"
-        share = "it" if len(flagged) == 1 else f"{found} of {where.removeprefix('the ')}"
         left = "it may be left in place"
         return f"{what}, and the noise-presence detector finds noise in {share}: {left}; rerun with {options}"
     return f"{what}: real camera noise, say, may be left in place; rerun with {options}"

@@ -99,15 +99,12 @@ def ag_image_result(
     (``fallback_used``: its gate admitted the image), the fallback's weights give its output.
     ``noise_score``: the image's noise-presence score where the check ran (``AdaptConfig.noise_check``), which
     the result carries; where it is not above 0 the image was not used, and its result says "no noise found"."""
-    result, choice = _ag_image_result(base, shared, image, used, score, min_ratio, noise_bound, opts, fallback_used)
-    if noise_score is None:
-        return result, choice
-    if not noise_found(noise_score):
-        result = AdaptResult(base, [], 0, "no noise found", [score], [False])
-    return replace(result, noise_scores=[noise_score]), choice
 
+    def carry(r: AdaptResult) -> AdaptResult:
+        return r if noise_score is None else replace(r, noise_scores=[noise_score])
 
-def _ag_image_result(base, shared, image, used, score, min_ratio, noise_bound, opts, fallback_used):
+    if noise_score is not None and not noise_found(noise_score):  # Eq. (noise presence): AG did not use it
+        return carry(AdaptResult(base, [], 0, "no noise found", [score], [False])), None
     left = "uncorrelated noise" if shared.objective == "recorrupted" else "in distribution"
     choice = None
     if not used:
@@ -120,5 +117,5 @@ def _ag_image_result(base, shared, image, used, score, min_ratio, noise_bound, o
         result = shared
     fallback = shared.fallback
     if result.best_step == 0 and fallback is not None and fallback.best_step > 0 and fallback_used:
-        return fallback, None
-    return result, choice
+        return carry(fallback), None
+    return carry(result), choice
