@@ -217,3 +217,19 @@ def test_the_ood_line_says_when_the_detector_finds_no_noise_in_flagged_images(tm
 def test_models_names_the_bundled_detector(run_cli, detector):
     code, _, err = run_cli("models")
     assert code == 0 and "Also bundled:" in err and "noise-presence.safetensors" in err
+
+
+def test_ag_auto_scores_each_image_once_and_gives_both_passes_the_scores(detector, monkeypatch):
+    """AG with objective auto adapts twice (the ELBO, then the recorrupted fallback): the images are scored in
+    the first pass only, and the fallback refuses the same images the first pass did."""
+    from indeed_cli.tasks.adaptation import adapt, runner
+
+    calls = []
+    real = runner.noise_presence_score
+    monkeypatch.setattr(runner, "noise_presence_score", lambda im, det: calls.append(1) or real(im, det))
+    clean, noisy = scene(64, 64), camera_pair(scene(64, 64, seed=2), "heavy", 4)[0]
+    res = adapt(tiny_checkpoint(3), [clean, noisy], AdaptConfig(steps=1, eval_every=1, noise_check=True))
+    assert len(calls) == 2  # two images, scored once
+    assert res.fallback is not None and res.fallback.noise_scores == res.noise_scores
+    assert res.noise_scores[0] <= 0 < res.noise_scores[1]
+    assert res.adapted_images[0] is False and res.fallback.adapted_images[0] is False

@@ -117,16 +117,26 @@ def adapt(
     images whose ELBO output the per-image choice does not keep (choice.ag_image_result)."""
     if (cfg.objective or AG_DEFAULTS["objective"]) == "auto":
         first = adapt(ckpt, images, replace(cfg, objective="elbo"), tile, log)
-        return replace(first, fallback=adapt(ckpt, images, replace(cfg, objective="recorrupted"), tile, log))
+        again = with_defaults(replace(cfg, objective="recorrupted"), AG_RECORRUPTED_DEFAULTS)
+        # the images' noise-presence scores, where the first pass computed them, are not computed again
+        fallback = adapt_each(ckpt, [images], again, tile, log, noise_scores=[first.noise_scores])[0]
+        return replace(first, fallback=fallback)
     defaults = AG_RECORRUPTED_DEFAULTS if cfg.objective == "recorrupted" else AG_DEFAULTS
     return adapt_each(ckpt, [images], with_defaults(cfg, defaults), tile, log)[0]
 
 
 def adapt_each(
-    ckpt: Checkpoint, image_sets: list[list[np.ndarray]], cfg: AdaptConfig = AdaptConfig(), tile: int = 128, log=None
+    ckpt: Checkpoint,
+    image_sets: list[list[np.ndarray]],
+    cfg: AdaptConfig = AdaptConfig(),
+    tile: int = 128,
+    log=None,
+    noise_scores: list[list[float | None] | None] | None = None,
 ) -> list[AdaptResult]:
     """One independent adaptation of ``ckpt`` per entry of ``image_sets`` (InDeedOAG: one entry
-    per image), ``cfg.group`` entries at a time as one batched network.
+    per image), ``cfg.group`` entries at a time as one batched network.  ``noise_scores``: per entry,
+    its images' noise-presence scores where they are known already (with ``cfg.noise_check``; an
+    entry's None: computed here).
 
     The tiles of every entry and one adapted model per entry are held on the device until the
     call returns, so pass a bounded number of entries (the CLI passes one group at a time).
@@ -147,7 +157,12 @@ def adapt_each(
         None if any(flags) else AdaptResult(ckpt, [], 0, "in distribution", scores, flags)
         for scores, flags in decisions
     ]
-    noise = noise_presence(image_sets, device) if cfg.noise_check else [None] * len(image_sets)
+    noise = [None] * len(image_sets)
+    if cfg.noise_check:
+        known = noise_scores or [None] * len(image_sets)
+        unknown = [i for i, s in enumerate(known) if s is None]
+        found = iter(noise_presence([image_sets[i] for i in unknown], device)) if unknown else iter(())
+        noise = [s if s is not None else next(found) for s in known]
     for i, scores in enumerate(noise):  # Eq. (noise presence): an image without noise is not adapted on
         if scores is None:
             continue
