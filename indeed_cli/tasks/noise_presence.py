@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..inference.tiling import host_to_device
 from ..model.registry import weights_dir
 
 NOISE_PRESENCE_FILE = "noise/noise-presence.safetensors"  # under the bundled weights folder
@@ -35,6 +36,9 @@ NOISE_PRESENCE_FILE = "noise/noise-presence.safetensors"  # under the bundled we
 NOISE_WHOLE_PIXELS = 1024 * 1024
 NOISE_TILE = 512
 NOISE_TILES = 16
+# pixels scored in one call (images, or tiles, of one shape stacked): 16 of 512 × 512; the detector's first
+# feature maps for them hold 32 × 4 M floats (512 MiB)
+NOISE_BATCH_PIXELS = 4 * 1024 * 1024
 NOISE_THRESHOLD = 0.0  # the logit's boundary: above it, noise was found
 
 
@@ -113,16 +117,46 @@ def noise_presence_score(
     """Eq. (noise presence) of one image (C, h, w) in [0, 1] (array or tensor): the mean noise logit
     (above NOISE_THRESHOLD: noise found).  None for a gray image, an image smaller than 16 × 16, or
     without the detector's weights."""
-    x = torch.as_tensor(np.asarray(image, dtype=np.float32) if not torch.is_tensor(image) else image)
-    if x.dim() != 3 or x.shape[0] != 3 or min(x.shape[1:]) < 16:
-        return None
+    return noise_presence_scores([image], detector, device)[0]
+
+
+def noise_presence_scores(
+    images: list, detector: NoisePresenceNet | None = None, device: torch.device | str = "cpu"
+) -> list[float | None]:
+    """:func:`noise_presence_score` of each image, the tiles of one shape scored together, at most
+    NOISE_BATCH_PIXELS pixels per call, and the scores brought to the host once: scored one by one, each
+    score waited for the device before the next image was sent (an OAG group of 32 on a GPU)."""
+    out: list[float | None] = [None] * len(images)
     net = detector if detector is not None else load_noise_detector(device)
     if net is None:
-        return None
+        return out
     dev = next(net.parameters()).device
+    tiles: list[tuple[int, torch.Tensor]] = []  # (image, tile)
+    for i, image in enumerate(images):
+        x = torch.as_tensor(np.asarray(image, dtype=np.float32) if not torch.is_tensor(image) else image)
+        if x.dim() == 3 and x.shape[0] == 3 and min(x.shape[1:]) >= 16:
+            tiles += [(i, t) for t in _tiles(x)]
+    if not tiles:
+        return out
+    by_shape: dict[tuple, list[int]] = {}
+    for k, (_, t) in enumerate(tiles):
+        by_shape.setdefault(tuple(t.shape), []).append(k)
+    means: list = [None] * len(tiles)
     with torch.no_grad():
-        parts = [net.logit_map(t.to(dev, torch.float32)[None]) for t in _tiles(x)]
-    return float(torch.stack([p.mean() for p in parts]).mean())
+        for (_, h, w), members in by_shape.items():
+            step = max(1, NOISE_BATCH_PIXELS // (h * w))
+            for c in range(0, len(members), step):
+                run = members[c : c + step]
+                batch = torch.stack([tiles[k][1].to(tiles[run[0]][1].device) for k in run]).float()
+                batch = host_to_device(batch, dev) if batch.device.type == "cpu" else batch.to(dev)
+                for k, m in zip(run, net.logit_map(batch).mean((1, 2, 3))):
+                    means[k] = m
+        scored = sorted({i for i, _ in tiles})
+        per_image = torch.stack([torch.stack([means[k] for k, (j, _) in enumerate(tiles) if j == i]).mean()
+                                 for i in scored])  # fmt: skip
+    for i, v in zip(scored, per_image.tolist()):
+        out[i] = v
+    return out
 
 
 def noise_found(score: float | None) -> bool:

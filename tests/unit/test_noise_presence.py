@@ -225,11 +225,32 @@ def test_ag_auto_scores_each_image_once_and_gives_both_passes_the_scores(detecto
     from indeed_cli.tasks.adaptation import adapt, runner
 
     calls = []
-    real = runner.noise_presence_score
-    monkeypatch.setattr(runner, "noise_presence_score", lambda im, det: calls.append(1) or real(im, det))
+    real = runner.noise_presence_scores
+    monkeypatch.setattr(runner, "noise_presence_scores", lambda ims, det: calls.extend(ims) or real(ims, det))
     clean, noisy = scene(64, 64), camera_pair(scene(64, 64, seed=2), "heavy", 4)[0]
     res = adapt(tiny_checkpoint(3), [clean, noisy], AdaptConfig(steps=1, eval_every=1, noise_check=True))
     assert len(calls) == 2  # two images, scored once
     assert res.fallback is not None and res.fallback.noise_scores == res.noise_scores
     assert res.noise_scores[0] <= 0 < res.noise_scores[1]
     assert res.adapted_images[0] is False and res.fallback.adapted_images[0] is False
+
+
+def test_scores_of_many_images_at_once_are_each_image_scored_alone(detector, monkeypatch):
+    """Images of several sizes, a gray one and one read on tiles, scored together in batches of a few pixels
+    (the batch bound forces several calls per shape): the same scores as each image's own map, in order."""
+    monkeypatch.setattr(npres, "NOISE_BATCH_PIXELS", 2 * 64 * 64)
+    monkeypatch.setattr(npres, "NOISE_WHOLE_PIXELS", 96 * 96)
+    monkeypatch.setattr(npres, "NOISE_TILE", 64)
+    images = [scene(64, 64, seed=s) for s in range(3)] + [np.zeros((1, 64, 64), np.float32), scene(48, 80, seed=5)]
+    images.append(camera_pair(scene(128, 192, seed=6), "medium", 1)[0])  # over NOISE_WHOLE_PIXELS: 6 tiles
+    together = npres.noise_presence_scores(images, detector)
+    assert together[3] is None and all(v is not None for i, v in enumerate(together) if i != 3)
+    with torch.no_grad():
+        for i in (0, 1, 2, 4):
+            alone = float(detector.logit_map(torch.tensor(images[i])[None]).mean())
+            assert together[i] == pytest.approx(alone, abs=1e-5)
+        tiles = npres._tiles(torch.tensor(images[5]))
+        assert len(tiles) == 6
+        alone = float(torch.stack([detector.logit_map(t[None]).mean() for t in tiles]).mean())
+    assert together[5] == pytest.approx(alone, abs=1e-5)
+    assert npres.noise_presence_scores(images[3:4], detector) == [None]

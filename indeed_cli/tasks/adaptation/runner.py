@@ -29,7 +29,7 @@ from torch.func import vmap
 from ...inference import InferenceOptions, TileGrid, as_model_channels, shuffled_residuals
 from ...inference.tiling import host_to_device
 from ...model import Checkpoint, CheckpointError, load_checkpoint, resolve_weights
-from ..noise_presence import load_noise_detector, noise_found, noise_presence_score
+from ..noise_presence import load_noise_detector, noise_found, noise_presence_scores
 from ..ood import image_ood_score
 from .adam import Adam
 from .config import (
@@ -236,7 +236,9 @@ def noise_presence(image_sets: list[list[np.ndarray]], device: torch.device) -> 
     detector = load_noise_detector(device)
     if detector is None:
         return [None] * len(image_sets)
-    return [[noise_presence_score(im, detector) for im in images] for images in image_sets]
+    flat = noise_presence_scores([im for images in image_sets for im in images], detector)  # one batch per shape
+    found = iter(flat)
+    return [[next(found) for _ in images] for images in image_sets]
 
 
 def _run_jobs(model, names: list[str], frozen: dict, jobs: list[dict], cfg: AdaptConfig, log) -> list[tuple]:
