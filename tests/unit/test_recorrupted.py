@@ -929,3 +929,25 @@ def test_the_gate_scales_admitted_residuals_to_the_quiet_level(rng, monkeypatch)
     np.testing.assert_allclose(scaled, s * plain, rtol=1e-6)
     AdaptConfig(recorruption_level="quiet").check()
     assert AdaptConfig().recorruption_level == "rms"
+
+
+def test_images_too_small_for_the_pixel_shuffle_are_refused_by_the_gate_not_an_error(rng, monkeypatch):
+    """The gate's read-out is pixel-shuffled (stride 2): an image under 4 pixels on a side has no such
+    read-out. The gate refuses it, with no correlation, and judges the others as it would alone; OAG and AG
+    on such images keep the ELBO's result instead of raising (`indeed adapt` on a 3 x 3 image failed)."""
+    from indeed_cli.tasks.adaptation import adapt, runner
+
+    _gate_readout(monkeypatch, lambda ys: [_clean() if y.shape[-1] == 64 else y for y in ys])
+    big, tiny = _noisy(rng)[0], rng.random((3, 3, 3)).astype(np.float32)
+    alone = runner.recorruption_gates(_ckpt(), [big], keep_on_device=False)
+    mixed = runner.recorruption_gates(_ckpt(), [tiny, big, rng.random((3, 2, 40)).astype(np.float32)], False)
+    assert mixed[0] == (False, None, None) and mixed[2] == (False, None, None)
+    assert mixed[1][:2] == alone[0][:2] and alone[0][0]
+    cfg = AdaptConfig(objective="auto", steps=2, eval_every=1, decide="always")
+    (res,) = adapt_each(_ckpt(), [[tiny]], cfg, tile=32)
+    assert res.best_step == 0 and res.recorrupted["correlation"] == [None]
+    folder = adapt(_ckpt(), [big, tiny], AdaptConfig(objective="recorrupted", steps=2, lr=1e-3))
+    assert folder.adapted_images == [True, False] and folder.recorrupted["correlation"][1] is None
+    monkeypatch.undo()  # the real read-outs, whose pixel shuffle raises for such an image
+    (res,) = adapt_each(_ckpt(), [[tiny]], cfg, tile=32)
+    assert res.best_step == 0 and res.recorrupted["correlation"] == [None]

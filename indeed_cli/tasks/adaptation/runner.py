@@ -26,7 +26,7 @@ import torch
 import torch.distributed as tdist
 from torch.func import vmap
 
-from ...inference import InferenceOptions, TileGrid, as_model_channels, shuffled_residuals
+from ...inference import InferenceOptions, TileGrid, as_model_channels, pixel_shuffle_fits, shuffled_residuals
 from ...inference.tiling import host_to_device
 from ...model import Checkpoint, CheckpointError, load_checkpoint, resolve_weights
 from ..noise_presence import load_noise_detector, noise_found, noise_presence_scores
@@ -276,7 +276,12 @@ def recorruption_gates(
     of its time on a GPU when made one by one), in fp32 whatever the adaptation's precision (in bf16
     they were no faster on an H200).  ``level`` "robust" or "quiet": each admitted image's residual,
     recoloured or not, scaled down to Eq. (robust noise level) or Eq. (quiet-block noise level)
-    (AdaptConfig.recorruption_level)."""
+    (AdaptConfig.recorruption_level).  An image too small for the pixel-shuffled read-out (under 2 × 2
+    pixels per sub-image) is refused with no correlation measured: (False, None, None)."""
+    fits = [pixel_shuffle_fits(im.shape[-2], im.shape[-1], R2R_SHUFFLE) for im in images]
+    if not all(fits):
+        inner = iter(recorruption_gates(ckpt, [im for im, f in zip(images, fits) if f], keep_on_device, level))
+        return [next(inner) if f else (False, None, None) for f in fits]
     gated = []
     device = next(ckpt.model.parameters()).device
     for chunk in _pixel_chunks(images, GATE_PIXELS):  # a read-out and a residual per image held at once
@@ -420,7 +425,7 @@ def _recorrupted_job(
     they were computed already (:func:`recorrupted.spectrum_roots`, a group's at once).  Returns (job or
     None, admitted flags, facts)."""
     device = next(ckpt.model.parameters()).device
-    facts: dict = {"correlation": [round(c, 4) for _, c, _ in gated]}
+    facts: dict = {"correlation": [None if c is None else round(c, 4) for _, c, _ in gated]}
     chosen = [(im, r) for im, (ok, _, r) in zip(images, gated) if ok]
     admitted = [ok for ok, _, _ in gated]
     if not chosen:
