@@ -129,3 +129,21 @@ def test_fetch_wallpapers_writes_nothing_when_a_package_is_missing(tmp_path):
     (tmp_path / "out").mkdir()
     got = subprocess.run(tool, capture_output=True, text=True)
     assert got.returncode == 2 and "exists" in got.stderr
+
+
+def test_profile_oag_credits_each_idle_gap_to_the_launch_that_ended_it():
+    """tools/profile_oag.py's analysis: device intervals merged, the gaps between them, each gap's length
+    credited to the last host operation begun before it ended."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_oag", TOOLS / "profile_oag.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    busy = tool.merged_intervals([(30, 40), (0, 10), (5, 20), (20, 22), (100, 110)])
+    assert busy == [[0, 22], [30, 40], [100, 110]]
+    gaps = tool.idle_gaps(busy, least=5)
+    assert gaps == [(22, 30), (40, 100)]
+    assert tool.idle_gaps(busy, least=10) == [(40, 100)]
+    credit = tool.credited_gaps(gaps, [(2, "a"), (25, "b"), (90, "c"), (105, "d")])
+    assert credit == {"b": 8, "c": 60}
+    assert tool.credited_gaps([(0, 1)], [(5, "late")]) == {"(before the first host operation)": 1}
