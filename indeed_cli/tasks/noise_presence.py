@@ -36,9 +36,11 @@ NOISE_PRESENCE_FILE = "noise/noise-presence.safetensors"  # under the bundled we
 NOISE_WHOLE_PIXELS = 1024 * 1024
 NOISE_TILE = 512
 NOISE_TILES = 16
-# pixels scored in one call (images, or tiles, of one shape stacked): 16 of 512 × 512; the detector's first
-# feature maps for them hold 32 × 4 M floats (512 MiB)
+# pixels scored in one call on a GPU (images, or tiles, of one shape stacked): 16 of 512 × 512, about 1.6 GB
+# of feature maps at their peak; on a CPU, where batching saves no time, one tile's worth (an image at least
+# that large alone), as one at a time had held (16 tiles at once had raised the peak by 1.6 GB, one by 86 MB)
 NOISE_BATCH_PIXELS = 4 * 1024 * 1024
+NOISE_BATCH_PIXELS_CPU = NOISE_TILE * NOISE_TILE
 NOISE_THRESHOLD = 0.0  # the logit's boundary: above it, noise was found
 
 
@@ -124,8 +126,9 @@ def noise_presence_scores(
     images: list, detector: NoisePresenceNet | None = None, device: torch.device | str = "cpu"
 ) -> list[float | None]:
     """:func:`noise_presence_score` of each image, the tiles of one shape scored together, at most
-    NOISE_BATCH_PIXELS pixels per call, and the scores brought to the host once: scored one by one, each
-    score waited for the device before the next image was sent (an OAG group of 32 on a GPU)."""
+    NOISE_BATCH_PIXELS pixels per call (NOISE_BATCH_PIXELS_CPU on a CPU), and the scores brought to the host
+    once: scored one by one, each score waited for the device before the next image was sent (an OAG group
+    of 32 on a GPU)."""
     out: list[float | None] = [None] * len(images)
     net = detector if detector is not None else load_noise_detector(device)
     if net is None:
@@ -144,7 +147,7 @@ def noise_presence_scores(
     means: list = [None] * len(tiles)
     with torch.no_grad():
         for (_, h, w), members in by_shape.items():
-            step = max(1, NOISE_BATCH_PIXELS // (h * w))
+            step = max(1, (NOISE_BATCH_PIXELS_CPU if dev.type == "cpu" else NOISE_BATCH_PIXELS) // (h * w))
             for c in range(0, len(members), step):
                 run = members[c : c + step]
                 batch = torch.stack([tiles[k][1].to(tiles[run[0]][1].device) for k in run]).float()

@@ -238,7 +238,7 @@ def test_ag_auto_scores_each_image_once_and_gives_both_passes_the_scores(detecto
 def test_scores_of_many_images_at_once_are_each_image_scored_alone(detector, monkeypatch):
     """Images of several sizes, a gray one and one read on tiles, scored together in batches of a few pixels
     (the batch bound forces several calls per shape): the same scores as each image's own map, in order."""
-    monkeypatch.setattr(npres, "NOISE_BATCH_PIXELS", 2 * 64 * 64)
+    monkeypatch.setattr(npres, "NOISE_BATCH_PIXELS_CPU", 2 * 64 * 64)
     monkeypatch.setattr(npres, "NOISE_WHOLE_PIXELS", 96 * 96)
     monkeypatch.setattr(npres, "NOISE_TILE", 64)
     images = [scene(64, 64, seed=s) for s in range(3)] + [np.zeros((1, 64, 64), np.float32), scene(48, 80, seed=5)]
