@@ -154,9 +154,11 @@ def noise_presence_scores(
                 batch = host_to_device(batch, dev) if batch.device.type == "cpu" else batch.to(dev)
                 for k, m in zip(run, net.logit_map(batch).mean((1, 2, 3))):
                     means[k] = m
-        scored = sorted({i for i, _ in tiles})
-        per_image = torch.stack([torch.stack([means[k] for k, (j, _) in enumerate(tiles) if j == i]).mean()
-                                 for i in scored])  # fmt: skip
+        of_image: dict[int, list[int]] = {}  # each scored image's tiles
+        for k, (i, _) in enumerate(tiles):
+            of_image.setdefault(i, []).append(k)
+        scored = sorted(of_image)
+        per_image = torch.stack([torch.stack([means[k] for k in of_image[i]]).mean() for i in scored])
     for i, v in zip(scored, per_image.tolist()):
         out[i] = v
     return out
