@@ -11,7 +11,7 @@ import typer
 from ..io import JPEG_QUALITY, PNG_LEVEL, is_stdio, read_image
 from ..model.registry import BUNDLED_CAMERA
 from ..pipelines import Outcome, denoise_folder
-from ..tasks.noise_presence import NOISE_THRESHOLD, load_noise_detector, noise_presence_score
+from ..tasks.noise_presence import load_noise_detector, noise_found, noise_presence_score
 from .options import ALL_SHARED, RunOptions, shared_options
 from .runner import CLIError, Reporter
 
@@ -148,7 +148,7 @@ def noise_found_in(quiet: list[Outcome]) -> tuple[int, int]:
             continue
         if score is not None:
             checked += 1
-            found += score > NOISE_THRESHOLD
+            found += noise_found(score)
     return found, checked
 
 
