@@ -4,7 +4,14 @@
 Layer 1 of the package: it imports nothing from the rest of indeed_cli.
 """
 
-from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_metadata, save_checkpoint
+from .checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    read_metadata,
+    save_checkpoint,
+    write_safetensors_atomically,
+)
 from .config import ModelConfig, Priors
 from .network import Decomposition, InDeed
 from .registry import list_checkpoints, resolve_weights, weights_dir
@@ -21,5 +28,6 @@ __all__ = [
     "read_metadata",
     "resolve_weights",
     "save_checkpoint",
+    "write_safetensors_atomically",
     "weights_dir",
 ]

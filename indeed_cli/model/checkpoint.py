@@ -168,7 +168,7 @@ def save_checkpoint(
         if shared is not None:
             described["trunk"] = shared
         meta["memory"] = json.dumps(described, sort_keys=True)
-    return _write_atomically(path, tensors, meta)
+    return write_safetensors_atomically(path, tensors, meta)
 
 
 def shared_trunk(memory: FeatureMemory, networks: list[InDeed]) -> str | None:
@@ -253,12 +253,27 @@ def _tensors(
     return tensors
 
 
-def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Path:
-    """safetensors to a temporary file beside ``path``, then renamed: never a half-written file."""
+def _process_umask() -> int:
+    """The process's umask, read once at import (os.umask can only be read by setting it, which is not
+    safe while writer threads create files)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _process_umask()
+
+
+def write_safetensors_atomically(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Path:
+    """safetensors to a temporary file beside ``path``, then renamed: never a half-written file.  The file
+    gets the permissions any other output gets (0666 less the umask): safetensors creates its files 0600,
+    which left checkpoints unreadable to the rest of a group on a shared machine."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         save_file(tensors, str(tmp), metadata=meta)
+        os.chmod(tmp, 0o666 & ~UMASK)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -501,7 +516,7 @@ def save_feature_trunk(path: str | Path, state: dict[str, torch.Tensor], name: s
     trunk's name and its source."""
     path = Path(path)
     tensors = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in state.items()}
-    return _write_atomically(path, tensors, {"format": FEATURES_FORMAT, "name": name, "source": source})
+    return write_safetensors_atomically(path, tensors, {"format": FEATURES_FORMAT, "name": name, "source": source})
 
 
 def read_feature_trunk(path: str | Path, name: str) -> dict[str, torch.Tensor]:

@@ -26,6 +26,27 @@ def test_round_trip_preserves_config_and_outputs(tmp_path):
     assert not list(tmp_path.glob(".*tmp*"))  # atomic write left no temp file
 
 
+def test_checkpoints_get_the_permissions_of_other_outputs(tmp_path):
+    """safetensors creates files 0600; a checkpoint (and a training run's state) is made 0666 less the
+    umask, as images are, so that others of a group can read it on a shared machine."""
+    import os
+    import stat
+
+    from indeed_cli.tasks.training.state import save_state
+
+    old = os.umask(0o027)
+    try:
+        p = C.save_checkpoint(tmp_path / "m.safetensors", tiny_model(3), {}, {})
+        m = tiny_model(3)
+        opt = torch.optim.Adam(m.parameters())
+        save_state(tmp_path / "run", m, opt, 1, torch.Generator(), {}, elapsed=0.0)
+    finally:
+        os.umask(old)
+    expected = 0o666 & ~C.UMASK  # the umask the process had when it started
+    assert stat.S_IMODE(p.stat().st_mode) == expected
+    assert [stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "run").glob("state-*")] == [expected]
+
+
 def test_int8_storage_round_trip_error_bound_and_size(tmp_path):
     m = tiny_model(3, seed=4)
     big = {k for k, v in m.state_dict().items() if v.dim() == 4 and v.numel() >= 1000}

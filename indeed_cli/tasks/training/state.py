@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from ...model import InDeed, ModelConfig, save_checkpoint
+from ...model import InDeed, ModelConfig, save_checkpoint, write_safetensors_atomically
 
 
 def _shards(tensors: dict[str, torch.Tensor], shard_bytes: int) -> list[dict[str, torch.Tensor]]:
@@ -58,9 +57,7 @@ def save_state(
         old.unlink()
     for j, part in enumerate(shards):
         name = f"state-{j:02d}-of-{len(shards):02d}.safetensors"
-        tmp = folder / f".{name}.tmp"
-        save_file(part, str(tmp), metadata=meta)
-        os.replace(tmp, folder / name)
+        write_safetensors_atomically(folder / name, part, meta)
 
 
 def has_state(folder: Path) -> bool:
