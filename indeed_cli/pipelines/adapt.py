@@ -16,7 +16,7 @@ import numpy as np
 import torch.distributed as tdist
 
 from ..inference import InferenceOptions, as_model_channels, decompose, denoise_with_stats
-from ..io import ImageError, atomic_save, write_image
+from ..io import OUTPUT_SUFFIXES, ImageError, atomic_save, write_image
 from ..model import Checkpoint, save_checkpoint
 from ..tasks.adaptation import (
     AG_STEPS,
@@ -78,6 +78,8 @@ def adapt_folder(
         raise UsageError(str(e)) from None
     if cfg.modules not in ("S", "L", "LS"):
         raise UsageError(f"--modules must be S, L or LS, got {cfg.modules!r}")
+    if report and Path(report).suffix.lower() not in OUTPUT_SUFFIXES:  # else Pillow wrote a PNG under any name
+        raise UsageError(f"--report {report}: the plot is an image; name it .png (or {', '.join(OUTPUT_SUFFIXES[1:])})")
     if save_weights and mode != "ag":
         raise UsageError("--save-weights goes with --mode ag (oag adapts a fresh copy per image)")
     output = Path(output)

@@ -14,7 +14,7 @@ from ..inference import InferenceOptions, ensemble_mean, pixel_shuffle_denoise
 from ..io import ImageError, load_mask, read_image
 from ..metrics import add_awgn, detection_metrics, image_seed, psnr, ssim
 from ..model import Checkpoint
-from ..tasks.camera_noise import camera_pair, parse_noise
+from ..tasks.camera_noise import LEVELS, camera_pair, parse_noise
 from ..tasks.detection import detect, stored_threshold
 from .inputs import UsageError, ensemble_setting, expand_inputs, pixel_shuffle_setting
 from .runner import ModelCache
@@ -34,6 +34,19 @@ def noisy_clean_pairs(noisy: list[Path], clean_dir: Path, pattern: str) -> list[
             raise UsageError(f"no clean reference for {p.name} in {clean_dir} (looked for stem {name!r})")
         out.append((p, cands[0]))
     return out
+
+
+def noise_usage(spec: str) -> str:
+    """The one line for an unknown ``--noise``: both forms it takes, and ``--sigma`` where the spec looks
+    like Gaussian noise with a level (``gauss:15``, ``awgn:15``)."""
+    kind, _, level = spec.partition(":")
+    hint = (
+        f"; for AWGN of sigma {level} use --noise awgn --sigma {level}"
+        if kind in ("awgn", "gauss", "gaussian") and level
+        else ""
+    )
+    forms = f"awgn (sigma from --sigma) or camera:LEVEL[+mhc][+jpeg] with LEVEL one of {sorted(LEVELS)}"
+    return f"--noise must be {forms}, got {spec!r}{hint}"
 
 
 def evaluate_denoise(
@@ -77,8 +90,8 @@ def evaluate_denoise(
     elif noise != "awgn":
         try:
             level, jpeg, demosaic = parse_noise(noise)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        except ValueError:
+            raise UsageError(noise_usage(noise)) from None
         jobs = [(None, c, noise) for c in expand_inputs(clean)]
     else:
         jobs = [(None, c, s) for s in sigmas for c in expand_inputs(clean)]

@@ -197,6 +197,9 @@ def test_adapt_report_plots_the_elbo_plane(run_cli, tmp_path, rng):
         "adapt", d, "--mode", "oag", "-o", tmp_path / "o2", "-w", w, "--report", tmp_path / "fig7.png"
     )
     assert code == 2 and "exists" in err  # the report is an output like the others
+    code, _, err = run_cli("adapt", d, "--mode", "oag", "-o", tmp_path / "o3", "-w", w, "--report", tmp_path / "r.txt")
+    assert code == 2 and "name it .png" in err  # refused before adapting: nothing written
+    assert not (tmp_path / "r.txt").exists() and not (tmp_path / "o3").exists()
 
 
 def test_adapt_decides_per_image_from_the_ood_score(run_cli, tmp_path, rng):

@@ -80,7 +80,9 @@ def test_evaluate_with_camera_noise(run_cli, clean, ckpt_paths):
     assert [r["psnr_in"] for r in mhc[:2]] != [r["psnr_in"] for r in rows[:2]]  # another demosaic, other noise
     for bad in ("camera:huge", "camera:heavy+vng"):
         code, _, err = run_cli("evaluate", clean, "--noise", bad, "-w", ckpt_paths[3])
-        assert code == 2 and "camera:LEVEL" in err
+        assert code == 2 and "camera:LEVEL" in err and "awgn" in err
+    code, out, err = run_cli("evaluate", clean, "--noise", "gauss:15", "-w", ckpt_paths[3])
+    assert code == 2 and not out and "use --noise awgn --sigma 15" in err and len(err.strip().splitlines()) == 1
 
 
 def test_evaluate_scores_the_pixel_shuffle_read_out(run_cli, clean, ckpt_paths):
