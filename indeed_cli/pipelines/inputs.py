@@ -117,6 +117,8 @@ def plan_outputs(
         raise UsageError(f"{output}: cannot write {output.suffix} files; use one of {', '.join(OUTPUT_SUFFIXES)}")
     if looks_like_file and len(inputs) != 1:
         raise UsageError(f"{len(inputs)} inputs need an output folder, not the file name {output}")
+    if not looks_like_file:
+        require_folder(output, "--output")  # else each image failed on its own with "File exists"
     names = names or [stem(p) for p in inputs]
     targets = [output] if looks_like_file else [output / f"{n}{suffix}" for n in names]
     inputs, plans, skipped = skip_done(inputs, [{"output": t} for t in targets], skip_existing, force, shard)

@@ -93,6 +93,11 @@ def test_refuses_existing_output_and_input_overwrite(run_cli, imgs, tmp_path, ck
     before = (imgs / "a.png").read_bytes()
     code, _, err = run_cli("denoise", imgs / "a.png", "-o", imgs / "a.png", "-w", ckpt_paths[3], "--force")
     assert code == 2 and "input" in err and (imgs / "a.png").read_bytes() == before
+    afile = tmp_path / "results"  # a file where a folder of outputs should go: one line, before any work
+    afile.write_bytes(b"keep me")
+    code, _, err = run_cli("denoise", imgs, "-o", afile, "-w", ckpt_paths[3])
+    assert code == 2 and "must be a folder" in err and len(err.strip().splitlines()) == 1
+    assert afile.read_bytes() == b"keep me"
 
 
 def test_bad_images_fail_alone_with_one_line(run_cli, imgs, tmp_path, ckpt_paths):
