@@ -409,7 +409,7 @@ def main() -> None:
         "--noise-check",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="ask the noise-presence detector first (indeed adapt --noise-check; default: on for oag, off for ag-*)",
+        help="ask the noise-presence detector first (indeed adapt --noise-check, the default; ag-*: for outputs only)",
     )
     ap.add_argument(
         "--image-noise-bound",

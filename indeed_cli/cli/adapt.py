@@ -115,9 +115,9 @@ def adapt_cmd(
         typer.Option(
             "--noise-check/--no-noise-check",
             show_default=False,
-            help="Ask the bundled noise-presence detector first: an image in which it finds no noise keeps the "
-            "plain result, unadapted, and ag leaves it out of the folder's adaptation (on by default for oag, "
-            "off for ag).",
+            help="Ask the bundled noise-presence detector first (default): an image in which it finds no noise "
+            "keeps the plain result (oag: unadapted; ag: the folder is adapted on all its images, and not at all "
+            "where none holds noise).",
         ),
     ] = None,
     objective: Annotated[

@@ -99,13 +99,12 @@ def test_oag_keeps_the_start_where_no_noise_is_found_and_adapts_otherwise(detect
     off = adapt_each(ckpt, [[clean]], AdaptConfig(steps=2, eval_every=1, objective="elbo", decide="always",
                                                   noise_check=False))[0]  # fmt: skip
     assert off.stop != "no noise found" and off.history and off.noise_scores is None
-    # AG's default leaves the check off
+    # AG asks too by default: a folder without noise is not adapted; --no-noise-check adapts it
     from indeed_cli.tasks.adaptation import adapt
 
-    assert adapt(ckpt, [clean], AdaptConfig(steps=1, eval_every=1, objective="elbo")).stop != "no noise found"
-    from indeed_cli.tasks.adaptation.config import AG_NOISE_CHECK, OAG_NOISE_CHECK
-
-    assert OAG_NOISE_CHECK and not AG_NOISE_CHECK
+    assert adapt(ckpt, [clean], AdaptConfig(steps=1, eval_every=1, objective="elbo")).stop == "no noise found"
+    unchecked = AdaptConfig(steps=1, eval_every=1, objective="elbo", noise_check=False)
+    assert adapt(ckpt, [clean], unchecked).stop != "no noise found"
 
 
 def test_the_adapt_cli_records_the_score_and_keeps_a_clean_picture_plain(run_cli, tmp_path, ckpt_paths, detector):
@@ -143,19 +142,21 @@ def test_the_adapt_cli_records_the_score_and_keeps_a_clean_picture_plain(run_cli
     assert code == 0, err
     assert all(json.loads(line)["noise_score"] is None for line in out.splitlines())
     assert all(json.loads(line)["stop"] != "no noise found" for line in out.splitlines())
-    # ag asks only when told, and then per image
+    # ag asks by default, per image; --no-noise-check does not ask
     ag = ("--mode", "ag", *common[2:])
     code, out, err = run_cli("adapt", d, "-o", tmp_path / "ag", *ag)
-    assert code == 0, err
-    assert all(json.loads(line)["noise_score"] is None for line in out.splitlines())
-    code, out, err = run_cli("adapt", d, "-o", tmp_path / "ag-check", "--noise-check", *ag)
     assert code == 0, err
     recs = {Path(r["image"]).name: r for r in map(json.loads, out.splitlines())}
     assert recs["clean.png"]["stop"] == "no noise found" and not recs["clean.png"]["adapted"]
     assert recs["clean.png"]["noise_score"] <= 0 < recs["noisy.png"]["noise_score"]
+    code, out, err = run_cli("adapt", d, "-o", tmp_path / "ag-off", "--no-noise-check", *ag)
+    assert code == 0, err
+    assert all(json.loads(line)["noise_score"] is None for line in out.splitlines())
 
 
-def test_ag_with_the_check_adapts_on_the_noisy_images_only_and_keeps_the_clean_one_plain(detector):
+def test_ag_with_the_check_adapts_as_without_it_and_keeps_the_clean_one_plain(detector):
+    """Eq. (AG noise check): the folder's adaptation is the one without the check (the same weights), the
+    scores decide each image's output only, and a folder without noise is not adapted."""
     from indeed_cli.tasks.adaptation import adapt
     from indeed_cli.tasks.adaptation.choice import ag_image_result
 
@@ -163,14 +164,19 @@ def test_ag_with_the_check_adapts_on_the_noisy_images_only_and_keeps_the_clean_o
     clean, noisy = scene(64, 64), camera_pair(scene(64, 64, seed=1), "heavy", 5)[0]
     cfg = AdaptConfig(steps=2, eval_every=1, objective="elbo", noise_check=True, min_change_ratio=0.0)
     shared = adapt(ckpt, [clean, noisy], cfg)
-    assert shared.adapted_images == [False, True]  # the clean picture's tiles were not adapted on
+    unchecked = adapt(ckpt, [clean, noisy], AdaptConfig(**{**cfg.__dict__, "noise_check": False}))
+    assert shared.adapted_images == unchecked.adapted_images == [True, True]  # both images adapted on
+    assert shared.best_step == unchecked.best_step > 0 and unchecked.noise_scores is None
+    for k, v in unchecked.checkpoint.model.state_dict().items():
+        assert torch.equal(shared.checkpoint.model.state_dict()[k], v), k
     assert shared.noise_scores[0] <= 0 < shared.noise_scores[1]
-    res, _ = ag_image_result(ckpt, shared, clean, False, None, 0.0, 0.0, None, False, shared.noise_scores[0])
+    res, _ = ag_image_result(ckpt, shared, clean, True, None, 0.0, 0.0, None, False, shared.noise_scores[0])
     assert res.stop == "no noise found" and res.checkpoint is ckpt and res.noise_scores == [shared.noise_scores[0]]
     res, _ = ag_image_result(ckpt, shared, noisy, True, None, 0.0, 0.0, None, False, shared.noise_scores[1])
     assert res.stop != "no noise found" and res.noise_scores == [shared.noise_scores[1]]
     # a folder without noise: nothing adapted
-    assert adapt(ckpt, [clean], cfg).stop == "no noise found"
+    none = adapt(ckpt, [clean], cfg)
+    assert none.stop == "no noise found" and none.adapted_images == [False] and none.best_step == 0
 
 
 def test_the_denoise_note_says_what_the_detector_found_in_nearly_unchanged_images(tmp_path, detector):
@@ -219,9 +225,9 @@ def test_models_names_the_bundled_detector(run_cli, detector):
     assert code == 0 and "Also bundled:" in err and "noise-presence.safetensors" in err
 
 
-def test_ag_auto_scores_each_image_once_and_gives_both_passes_the_scores(detector, monkeypatch):
-    """AG with objective auto adapts twice (the ELBO, then the recorrupted fallback): the images are scored in
-    the first pass only, and the fallback refuses the same images the first pass did."""
+def test_ag_auto_scores_each_image_once(detector, monkeypatch):
+    """AG with objective auto adapts twice (the ELBO, then the recorrupted fallback): each image is scored
+    once, before both, and neither pass leaves an image out for its score."""
     from indeed_cli.tasks.adaptation import adapt, runner
 
     calls = []
@@ -230,9 +236,8 @@ def test_ag_auto_scores_each_image_once_and_gives_both_passes_the_scores(detecto
     clean, noisy = scene(64, 64), camera_pair(scene(64, 64, seed=2), "heavy", 4)[0]
     res = adapt(tiny_checkpoint(3), [clean, noisy], AdaptConfig(steps=1, eval_every=1, noise_check=True))
     assert len(calls) == 2  # two images, scored once
-    assert res.fallback is not None and res.fallback.noise_scores == res.noise_scores
-    assert res.noise_scores[0] <= 0 < res.noise_scores[1]
-    assert res.adapted_images[0] is False and res.fallback.adapted_images[0] is False
+    assert res.fallback is not None and res.noise_scores[0] <= 0 < res.noise_scores[1]
+    assert res.adapted_images[0] is True  # the folder's adaptation is the one without the check
 
 
 def test_scores_of_many_images_at_once_are_each_image_scored_alone(detector, monkeypatch):

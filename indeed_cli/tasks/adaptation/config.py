@@ -248,11 +248,15 @@ AG_STOP_AT_BOUND = False
 # result where it finds no noise.  Held out (2-core CPU, bf16): photographs without noise went from -1.88 /
 # -3.62 / -5.59 dB under OAG (Urban100 / Kodak24 / wallpaper crops) to -0.03 / 0.00 / 0.00; of 315 noisy
 # crops and images (camera noise light to heavy, PolyU100 scene-test, SIDD) it kept two unadapted, which
-# had gained +0.81 and -0.00 dB (docs/reports/2026-12-07-noise-presence.md).  AG with it leaves images
-# without noise out of the folder's adaptation: held out its loss without noise went to 0, but PolyU100's
-# scene-test half gained 0.13 dB less (+1.29 -> +1.16), past the 0.05 dB allowed, so it is off for AG.
+# had gained +0.81 and -0.00 dB (docs/reports/2026-12-07-noise-presence.md).  AG asks it too (since the
+# tenth session of 2026-12-07), but only for the output: the folder is adapted on every image as without
+# the check (leaving the images without noise out of the adaptation had cost PolyU100's scene-test half
+# 0.13 dB by changing the adaptation), an image without noise keeps the plain output, and a folder without
+# noise is not adapted (Eq. AG noise check).  Held out (2-core CPU, bf16), AG's gain over plain without
+# noise -1.48 / -1.45 / -5.12 dB (Urban100 / Kodak24 / wallpaper crops) -> -0.01 / 0.00 / 0.00, under light
+# camera noise and on PolyU100 scene-test within 0.002 dB (docs/reports/2026-12-07-ag-noise-check.md).
 OAG_NOISE_CHECK = True
-AG_NOISE_CHECK = False
+AG_NOISE_CHECK = True
 # The settings left None in AdaptConfig, per mode: adapt() (InDeedAG) and adapt_each() (InDeedOAG)
 AG_DEFAULTS = {
     "lr": AG_LR,

@@ -34,6 +34,7 @@ from ..ood import image_ood_score
 from .adam import Adam
 from .config import (
     AG_DEFAULTS,
+    AG_NOISE_CHECK,
     AG_RECORRUPTED_DEFAULTS,
     FLAT_BLOCK,
     FLAT_MAX_ACTIVITY,
@@ -114,12 +115,25 @@ def adapt(
     the model's channels).  With ``objective="recorrupted"`` the learning rate defaults to the one
     that objective was chosen with (AG_RECORRUPTED_DEFAULTS), not AG_LR.  ``objective="auto"``: the
     ELBO's adaptation, with the recorrupted one on the same images as its ``fallback``, for the
-    images whose ELBO output the per-image choice does not keep (choice.ag_image_result)."""
+    images whose ELBO output the per-image choice does not keep (choice.ag_image_result).
+
+    ``cfg.noise_check`` (AG_NOISE_CHECK where None): the noise-presence detector scores every image first; a
+    folder in which it finds no noise is not adapted ("no noise found"), else the adaptation runs on every
+    image as without the check, and the result carries the scores, by which choice.ag_image_result keeps the
+    plain output of each image without noise (Eq. AG noise check)."""
+    if cfg.noise_check is None:
+        cfg = replace(cfg, noise_check=AG_NOISE_CHECK)
+    if cfg.noise_check and images:
+        found = noise_presence([images], next(ckpt.model.parameters()).device)[0]
+        unchecked = replace(cfg, noise_check=False)
+        if found is not None and not any(noise_found(s) for s in found):  # nothing to remove in the folder
+            ood_scores = decide(ckpt, images, unchecked, tile)[0]
+            return AdaptResult(ckpt, [], 0, "no noise found", ood_scores, [False] * len(images), noise_scores=found)
+        return replace(adapt(ckpt, images, unchecked, tile, log), noise_scores=found)
     if (cfg.objective or AG_DEFAULTS["objective"]) == "auto":
         first = adapt(ckpt, images, replace(cfg, objective="elbo"), tile, log)
         again = with_defaults(replace(cfg, objective="recorrupted"), AG_RECORRUPTED_DEFAULTS)
-        # the images' noise-presence scores, where the first pass computed them, are not computed again
-        fallback = adapt_each(ckpt, [images], again, tile, log, noise_scores=[first.noise_scores])[0]
+        fallback = adapt_each(ckpt, [images], again, tile, log)[0]
         return replace(first, fallback=fallback)
     defaults = AG_RECORRUPTED_DEFAULTS if cfg.objective == "recorrupted" else AG_DEFAULTS
     return adapt_each(ckpt, [images], with_defaults(cfg, defaults), tile, log)[0]
