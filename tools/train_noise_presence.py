@@ -8,9 +8,10 @@ Training data, all outside the held-out sets of docs/results.md:
   - --polyu: PolyU100, the scene-dev half only (benchmarks/adapt.py's scene_half), its _real / _mean pairs.
 Per clean image 12 random 64 x 64 patches, each as a pair: without noise (label 0) and with noise
 (label 1): synthetic camera noise (70%: light, light, medium or heavy; half JPEG q90, the reference through
-the same JPEG) or white noise of sigma U(2, 10)/255 (30%), 8-bit; PolyU's pairs as 64 x 64 tiles. Adam,
-batch 64, 2,500 steps (learning rate 2e-3, 5e-4 from step 1,800), flips and quarter turns; a tenth of the
-patches held back and scored at the end.
+the same JPEG; a share --mhc of them, none by default, demosaicked across channels, Malvar-He-Cutler, whose
+noise is correlated between channels as real sRGB noise is) or white noise of sigma U(2, 10)/255 (30%),
+8-bit; PolyU's pairs as 64 x 64 tiles. Adam, batch 64, 2,500 steps (learning rate 2e-3, 5e-4 from step
+1,800), flips and quarter turns; a tenth of the patches held back and scored at the end.
 
     python tools/train_noise_presence.py --hq HQ/train --wall WALL/train --bsds ../shared/data/denoise-train/BSDS500 \\
         --polyu ../shared/data/denoise-real/PolyU100 -o weights/noise/noise-presence.safetensors
@@ -50,7 +51,7 @@ def jpeg90(a: np.ndarray) -> np.ndarray:
     return np.asarray(Image.open(buf)).transpose(2, 0, 1).astype(np.float32) / 255
 
 
-def synthetic_pairs(sources: list[Path], rng: np.random.Generator) -> tuple[list, list, list]:
+def synthetic_pairs(sources: list[Path], rng: np.random.Generator, mhc: float = 0.0) -> tuple[list, list, list]:
     X, labels, kinds = [], [], []  # kinds: 0 clean, 1-3 camera light/medium/heavy, 4 white
     for n, p in enumerate(sources):
         img = read_image(p).data
@@ -63,7 +64,8 @@ def synthetic_pairs(sources: list[Path], rng: np.random.Generator) -> tuple[list
             if rng.random() < 0.7:
                 level = ["light", "light", "medium", "heavy"][rng.integers(4)]
                 jpeg = bool(rng.random() < 0.5)
-                y, r = camera_pair(c, level, int(rng.integers(1 << 30)), jpeg=jpeg)
+                demosaic = "mhc" if mhc and rng.random() < mhc else "bilinear"
+                y, r = camera_pair(c, level, int(rng.integers(1 << 30)), jpeg=jpeg, demosaic=demosaic)
                 if jpeg:  # the reference through the same JPEG, so that compression alone is no cue
                     r = jpeg90(r)
                 kind = 1 + ["light", "medium", "heavy"].index(level)
@@ -103,6 +105,13 @@ def main() -> None:
     ap.add_argument("--polyu", type=Path, required=True)
     ap.add_argument("--skip", type=int, default=32, help="leave out the first SKIP files of --hq and --wall")
     ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument(
+        "--mhc",
+        type=float,
+        default=0.0,
+        help="share of the camera-noise patches demosaicked across channels (0, the bundled detector's recipe: "
+        "bilinear only; 0.5 was tried, docs/reports/2026-12-07-noise-presence-mhc.md)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-o", "--out", type=Path, required=True)
     a = ap.parse_args()
@@ -110,7 +119,7 @@ def main() -> None:
     torch.manual_seed(0)
     sources = sorted(a.hq.glob("*.png"))[a.skip :] + sorted(a.wall.glob("*.png"))[a.skip :]
     sources += sorted((a.bsds / "train").glob("*.jpg")) + sorted((a.bsds / "val").glob("*.jpg"))
-    X1, y1, k1 = synthetic_pairs(sources, np.random.default_rng(0))
+    X1, y1, k1 = synthetic_pairs(sources, np.random.default_rng(0), a.mhc)
     X2, y2, k2 = polyu_pairs(a.polyu)
     # float16 storage of the patches, as the measured run had them
     X = torch.tensor(
@@ -156,7 +165,7 @@ def main() -> None:
 
     a.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"task": "noise-presence", "width": net.width, "threshold": 0.0, "patches": n, "steps": a.steps,
-            "held_back_accuracy": held_acc, "recipe": "tools/train_noise_presence.py"}  # fmt: skip
+            "mhc_share": a.mhc, "held_back_accuracy": held_acc, "recipe": "tools/train_noise_presence.py"}  # fmt: skip
     save_file(
         {k: v.contiguous() for k, v in net.state_dict().items()}, str(a.out), metadata={"config": json.dumps(meta)}
     )
