@@ -95,6 +95,10 @@ def export_onnx(
     example = torch.rand(2, ck.config.channels, tile, tile)
     name = OUTPUTS[output_kind(ck)]
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:  # the folder is made as for any other output; where it cannot be, one line, not a traceback's
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{out}: cannot write there ({e.strerror or e})") from None
     try:
         with torch.no_grad(), warnings.catch_warnings():
             # the tracer notes that the shape checks of InDeed.forward become constants: they hold for

@@ -96,7 +96,9 @@ def train(
     if not val and val_count:
         paths, val_paths = paths[:-val_count], paths[-val_count:]
     if not paths:
-        raise UsageError("no training images")
+        found = len(val_paths) if not val and val_count else 0
+        why = f": the {found} image(s) found went to validation (--val-count {val_count})" if found else ""
+        raise UsageError(f"no training images{why}")
     if task == "detect" and not val_paths:
         raise UsageError(
             "--task detect needs held-out normal images (--val DIR or --val-count N) to learn its threshold"

@@ -49,6 +49,11 @@ def test_export_refuses_clearly(run_cli, tmp_path):
     assert code == 2 and "multiple of 8" in err and not (tmp_path / "y.onnx").exists()
     code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "y.txt")
     assert code == 2 and ".onnx" in err
+    (tmp_path / "afile").write_bytes(b"")  # a folder that cannot be made: one line, not a FileNotFoundError
+    code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "afile" / "z.onnx")
+    assert code == 2 and "cannot write there" in err and "Error:" not in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli("export", "-w", w, "--onnx", tmp_path / "new" / "z.onnx", "--tile", "64")
+    assert code == 0 and (tmp_path / "new" / "z.onnx").exists()  # a new folder is made, as for other outputs
     v = save_checkpoint(tmp_path / "v.safetensors", tiny_model(3, lowrank_b="variational"))
     code, _, err = run_cli("export", "-w", v, "--onnx", tmp_path / "v.onnx")
     assert code == 2 and "lowrank_b" in err and not (tmp_path / "v.onnx").exists()

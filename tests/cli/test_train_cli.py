@@ -226,3 +226,13 @@ def test_train_with_rank_supervision_logs_l_n_and_refuses_detection(tmp_path, rn
         "train", "--task", "detect", "--data", data, "--out", tmp_path / "det", "--rank-supervision", "1", *common
     )
     assert code == 2 and "--rank-supervision" in err and not (tmp_path / "det").exists()
+
+
+def test_no_training_images_says_why(tmp_path, rng, run_cli):
+    """A folder whose images all went to validation: the line says so, instead of only 'no training images'."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_png(data / "only.png", rng.integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    code, _, err = run_cli("train", "--data", data, "--out", tmp_path / "run", "--val-count", "8", "-q")
+    assert code == 2 and "the 1 image(s) found went to validation (--val-count 8)" in err
+    assert not (tmp_path / "run").exists()
