@@ -152,9 +152,19 @@ def skip_done(
 
 
 def require_folder(path: Path, option: str) -> None:
-    """An output folder option must not name an existing file."""
+    """An output folder option must not name an existing file, and the folder must be one this process can
+    make or write into: checked on its nearest existing ancestor before any work, without making anything
+    (else every image failed on its own after its work was done)."""
+    path = Path(path)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{option} must be a folder, and {path} is a file")
+    here = path
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        raise UsageError(f"{option} {path}: cannot make a folder under {here}, which is a file")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: {here} is not writable")
 
 
 def check_targets(inputs: list[Path], targets: list[Path], force: bool) -> None:

@@ -98,6 +98,9 @@ def test_refuses_existing_output_and_input_overwrite(run_cli, imgs, tmp_path, ck
     code, _, err = run_cli("denoise", imgs, "-o", afile, "-w", ckpt_paths[3])
     assert code == 2 and "must be a folder" in err and len(err.strip().splitlines()) == 1
     assert afile.read_bytes() == b"keep me"
+    for command, option in (("denoise", "-o"), ("decompose", "-o"), ("detect", "--maps")):  # a folder under a file
+        code, _, err = run_cli(command, imgs, option, afile / "sub", "-w", ckpt_paths[3])
+        assert code == 2 and "which is a file" in err and len(err.strip().splitlines()) == 1, (command, err)
 
 
 def test_bad_images_fail_alone_with_one_line(run_cli, imgs, tmp_path, ckpt_paths):

@@ -176,3 +176,21 @@ def test_png_level_changes_size_not_pixels(tmp_path, depth, channels):
     with pytest.raises(ValueError, match="0-9"):
         write_image(tmp_path / "bad.png", data, bit_depth=depth, png_level=10)
     assert not (tmp_path / "bad.png").exists()
+
+
+def test_an_output_folder_is_checked_before_any_work(tmp_path, monkeypatch):
+    """require_folder: a file in the way or an ancestor this process cannot write into is refused up front,
+    and nothing is made."""
+    import os
+
+    from indeed_cli.pipelines.inputs import UsageError, require_folder
+
+    (tmp_path / "f").write_bytes(b"")
+    with pytest.raises(UsageError, match="which is a file"):
+        require_folder(tmp_path / "f" / "a" / "b", "--output")
+    require_folder(tmp_path / "new" / "deeper", "--output")  # makeable: fine, and not made yet
+    assert not (tmp_path / "new").exists()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode))
+    with pytest.raises(UsageError, match="is not writable"):
+        require_folder(tmp_path / "new" / "deeper", "--output")
