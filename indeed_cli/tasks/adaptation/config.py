@@ -248,8 +248,8 @@ AG_STOP_AT_BOUND = False
 # result where it finds no noise.  Held out (2-core CPU, bf16): photographs without noise went from -1.88 /
 # -3.62 / -5.59 dB under OAG (Urban100 / Kodak24 / wallpaper crops) to -0.03 / 0.00 / 0.00; of 315 noisy
 # crops and images (camera noise light to heavy, PolyU100 scene-test, SIDD) it kept two unadapted, which
-# had gained +0.81 and -0.00 dB (docs/reports/2026-12-07-noise-presence.md).  AG asks it too (since the
-# tenth session of 2026-12-07), but only for the output: the folder is adapted on every image as without
+# had gained +0.81 and -0.00 dB (docs/reports/2026-12-07-noise-presence.md).  AG asks it too (since late
+# on 2026-12-07), but only for the output: the folder is adapted on every image as without
 # the check (leaving the images without noise out of the adaptation had cost PolyU100's scene-test half
 # 0.13 dB by changing the adaptation), an image without noise keeps the plain output, and a folder without
 # noise is not adapted (Eq. AG noise check).  Held out (2-core CPU, bf16), AG's gain over plain without

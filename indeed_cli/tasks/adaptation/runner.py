@@ -145,12 +145,9 @@ def adapt_each(
     cfg: AdaptConfig = AdaptConfig(),
     tile: int = 128,
     log=None,
-    noise_scores: list[list[float | None] | None] | None = None,
 ) -> list[AdaptResult]:
     """One independent adaptation of ``ckpt`` per entry of ``image_sets`` (InDeedOAG: one entry
-    per image), ``cfg.group`` entries at a time as one batched network.  ``noise_scores``: per entry,
-    its images' noise-presence scores where they are known already (with ``cfg.noise_check``; an
-    entry's None: computed here).
+    per image), ``cfg.group`` entries at a time as one batched network.
 
     The tiles of every entry and one adapted model per entry are held on the device until the
     call returns, so pass a bounded number of entries (the CLI passes one group at a time).
@@ -173,10 +170,7 @@ def adapt_each(
     ]
     noise = [None] * len(image_sets)
     if cfg.noise_check:
-        known = noise_scores or [None] * len(image_sets)
-        unknown = [i for i, s in enumerate(known) if s is None]
-        found = iter(noise_presence([image_sets[i] for i in unknown], device)) if unknown else iter(())
-        noise = [s if s is not None else next(found) for s in known]
+        noise = noise_presence(image_sets, device)
     for i, scores in enumerate(noise):  # Eq. (noise presence): an image without noise is not adapted on
         if scores is None:
             continue
