@@ -12,6 +12,9 @@ the same JPEG; a share --mhc of them, none by default, demosaicked across channe
 noise is correlated between channels as real sRGB noise is) or white noise of sigma U(2, 10)/255 (30%),
 8-bit; PolyU's pairs as 64 x 64 tiles. Adam, batch 64, 2,500 steps (learning rate 2e-3, 5e-4 from step
 1,800), flips and quarter turns; a tenth of the patches held back and scored at the end.
+--patch P (patches and PolyU tiles of P x P), --halved (each --hq and --wall photograph also area-downscaled
+by 2) and --context N (N dilated layers in the network) were tried together with --mhc 0.5 and rejected
+(docs/reports/2026-12-08-wider-noise-detector.md); their defaults are the bundled recipe.
 
     python tools/train_noise_presence.py --hq HQ/train --wall WALL/train --bsds ../shared/data/denoise-train/BSDS500 \\
         --polyu ../shared/data/denoise-real/PolyU100 -o weights/noise/noise-presence.safetensors
@@ -51,12 +54,18 @@ def jpeg90(a: np.ndarray) -> np.ndarray:
     return np.asarray(Image.open(buf)).transpose(2, 0, 1).astype(np.float32) / 255
 
 
-def synthetic_pairs(sources: list[Path], rng: np.random.Generator, mhc: float = 0.0) -> tuple[list, list, list]:
+def synthetic_pairs(
+    sources: list[tuple[Path, bool]], rng: np.random.Generator, mhc: float = 0.0, patch: int = PATCH
+) -> tuple[list, list, list]:
+    """Pairs from each (path, halved) of ``sources``; a halved photograph is first area-downscaled by 2."""
     X, labels, kinds = [], [], []  # kinds: 0 clean, 1-3 camera light/medium/heavy, 4 white
-    for n, p in enumerate(sources):
+    for n, (p, halved) in enumerate(sources):
         img = read_image(p).data
         if img.shape[0] != 3:
             continue
+        if halved:  # finer texture, and what noise the photograph had averaged away
+            _, H, W = img.shape
+            img = img[:, : H // 2 * 2, : W // 2 * 2].reshape(3, H // 2, 2, W // 2, 2).mean((2, 4))
         _, H, W = img.shape
         for _ in range(PER_IMAGE):
             i, j = rng.integers(0, H - REGION + 1) // 2 * 2, rng.integers(0, W - REGION + 1) // 2 * 2
@@ -72,8 +81,8 @@ def synthetic_pairs(sources: list[Path], rng: np.random.Generator, mhc: float = 
             else:
                 s = rng.uniform(2, 10) / 255
                 y, r, kind = c + rng.normal(0, s, c.shape).astype(np.float32), c, 4
-            a, b = rng.integers(0, REGION - PATCH + 1, 2)
-            X += [q8(r)[:, a : a + PATCH, b : b + PATCH], q8(y)[:, a : a + PATCH, b : b + PATCH]]
+            a, b = rng.integers(0, REGION - patch + 1, 2)
+            X += [q8(r)[:, a : a + patch, b : b + patch], q8(y)[:, a : a + patch, b : b + patch]]
             labels += [0, 1]
             kinds += [0, kind]
         if n % 100 == 0:
@@ -81,7 +90,7 @@ def synthetic_pairs(sources: list[Path], rng: np.random.Generator, mhc: float = 
     return X, labels, kinds
 
 
-def polyu_pairs(folder: Path) -> tuple[list, list, list]:
+def polyu_pairs(folder: Path, patch: int = PATCH) -> tuple[list, list, list]:
     from adapt import scene_half  # benchmarks/adapt.py: PolyU's scene split
 
     X, labels = [], []
@@ -90,9 +99,9 @@ def polyu_pairs(folder: Path) -> tuple[list, list, list]:
             continue
         noisy, mean = read_image(p).data, read_image(p.with_name(p.name.replace("_real", "_mean"))).data
         _, H, W = noisy.shape
-        for i in range(0, H - PATCH + 1, PATCH):
-            for j in range(0, W - PATCH + 1, PATCH):
-                X += [mean[:, i : i + PATCH, j : j + PATCH], noisy[:, i : i + PATCH, j : j + PATCH]]
+        for i in range(0, H - patch + 1, patch):
+            for j in range(0, W - patch + 1, patch):
+                X += [mean[:, i : i + patch, j : j + patch], noisy[:, i : i + patch, j : j + patch]]
                 labels += [0, 1]
     return X, labels, [0 if v == 0 else 5 for v in labels]
 
@@ -112,15 +121,23 @@ def main() -> None:
         help="share of the camera-noise patches demosaicked across channels (0, the bundled detector's recipe: "
         "bilinear only; 0.5 was tried, docs/reports/2026-12-07-noise-presence-mhc.md)",
     )
+    ap.add_argument("--patch", type=int, default=PATCH, help=f"side of the training patches (at most {REGION})")
+    ap.add_argument("--context", type=int, default=0, help="dilated layers that widen the view (NoisePresenceNet)")
+    ap.add_argument(
+        "--halved",
+        action="store_true",
+        help="also take each --hq and --wall photograph area-downscaled by 2: finer texture without noise",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-o", "--out", type=Path, required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    sources = sorted(a.hq.glob("*.png"))[a.skip :] + sorted(a.wall.glob("*.png"))[a.skip :]
-    sources += sorted((a.bsds / "train").glob("*.jpg")) + sorted((a.bsds / "val").glob("*.jpg"))
-    X1, y1, k1 = synthetic_pairs(sources, np.random.default_rng(0), a.mhc)
-    X2, y2, k2 = polyu_pairs(a.polyu)
+    photos = sorted(a.hq.glob("*.png"))[a.skip :] + sorted(a.wall.glob("*.png"))[a.skip :]
+    bsds = sorted((a.bsds / "train").glob("*.jpg")) + sorted((a.bsds / "val").glob("*.jpg"))
+    sources = [(p, False) for p in photos + bsds] + ([(p, True) for p in photos] if a.halved else [])
+    X1, y1, k1 = synthetic_pairs(sources, np.random.default_rng(0), a.mhc, a.patch)
+    X2, y2, k2 = polyu_pairs(a.polyu, a.patch)
     # float16 storage of the patches, as the measured run had them
     X = torch.tensor(
         np.concatenate([np.stack(X1).astype(np.float16), np.stack(X2).astype(np.float16)]).astype(np.float32)
@@ -130,7 +147,7 @@ def main() -> None:
     n = len(X)
     perm = torch.randperm(n)
     held, train = perm[: n // 10], perm[n // 10 :]
-    net = NoisePresenceNet()
+    net = NoisePresenceNet(context=a.context)
     opt = torch.optim.Adam(net.parameters(), 2e-3)
     t0 = time.time()
     for step in range(1, a.steps + 1):
@@ -164,8 +181,9 @@ def main() -> None:
     from safetensors.torch import save_file
 
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"task": "noise-presence", "width": net.width, "threshold": 0.0, "patches": n, "steps": a.steps,
-            "mhc_share": a.mhc, "held_back_accuracy": held_acc, "recipe": "tools/train_noise_presence.py"}  # fmt: skip
+    meta = {"task": "noise-presence", "width": net.width, "context": net.context, "threshold": 0.0, "patches": n,
+            "steps": a.steps, "patch": a.patch, "halved": a.halved, "mhc_share": a.mhc,
+            "held_back_accuracy": held_acc, "recipe": "tools/train_noise_presence.py"}  # fmt: skip
     save_file(
         {k: v.contiguous() for k, v in net.state_dict().items()}, str(a.out), metadata={"config": json.dumps(meta)}
     )

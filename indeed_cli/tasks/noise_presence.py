@@ -51,14 +51,19 @@ def _box(x: torch.Tensor, k: int) -> torch.Tensor:
 class NoisePresenceNet(nn.Module):
     """Eq. (noise presence): a map of noise logits, one per 4 × 4 pixels, from two bands of a colour image."""
 
-    def __init__(self, width: int = 32):
+    def __init__(self, width: int = 32, context: int = 0):
         super().__init__()
         w = width
-        self.width = w
+        self.width, self.context = w, context
+        # ``context`` dilated 3 x 3 layers at a quarter of the resolution (dilations 2, 4, ...) widen each
+        # logit's view from about 20 to 20 + 16 (2 + 4 + ...) pixels; 0 is the bundled detector's network
+        wide = [
+            m for k in range(context) for m in (nn.Conv2d(2 * w, 2 * w, 3, padding=2 << k, dilation=2 << k), nn.ReLU())
+        ]
         self.body = nn.Sequential(
             nn.Conv2d(6, w, 3, padding=1), nn.ReLU(), nn.Conv2d(w, w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.ReLU(), nn.Conv2d(2 * w, 1, 1),
+            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.ReLU(), *wide, nn.Conv2d(2 * w, 1, 1),
         )  # fmt: skip
 
     @staticmethod
@@ -96,7 +101,7 @@ def load_noise_detector(device: torch.device | str = "cpu", path: Path | None = 
         else:
             with safe_open(str(path), "pt") as f:
                 meta = json.loads((f.metadata() or {}).get("config", "{}"))
-            net = NoisePresenceNet(int(meta.get("width", 32)))
+            net = NoisePresenceNet(int(meta.get("width", 32)), int(meta.get("context", 0)))
             net.load_state_dict(load_file(str(path)))
             _DETECTORS[key] = net.eval().requires_grad_(False).to(device)
     return _DETECTORS[key]

@@ -55,6 +55,27 @@ def test_bands_see_no_content_in_a_flat_image_and_the_map_is_a_quarter_size():
     assert net(torch.rand(2, 3, 32, 32)).shape == (2,)
 
 
+def test_context_layers_widen_the_view_keep_the_map_size_and_load_from_the_metadata(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    net = npres.NoisePresenceNet(8, context=2).eval()
+    x = torch.rand(1, 3, 96, 96)
+    assert net.logit_map(x).shape == (1, 1, 24, 24)
+    # a change about 24 px from a map cell's pixels reaches it only through the dilated layers
+    y = x.clone()
+    y[..., 66:70, 66:70] = 1 - y[..., 66:70, 66:70]
+    near = lambda m: m.logit_map(x)[0, 0, 10, 10] - m.logit_map(y)[0, 0, 10, 10]  # noqa: E731
+    with torch.no_grad():
+        assert abs(float(near(net))) > 0 and float(near(npres.NoisePresenceNet(8).eval())) == 0
+    path = tmp_path / "np.safetensors"
+    save_file(net.state_dict(), str(path), metadata={"config": json.dumps({"width": 8, "context": 2})})
+    loaded = npres.load_noise_detector("cpu", path)
+    assert loaded.context == 2 and torch.equal(loaded.logit_map(x), net.logit_map(x))
+
+
 def test_the_shipped_detector_finds_camera_noise_and_none_in_the_clean_picture(detector):
     clean = scene()
     s0 = npres.noise_presence_score(clean, detector)
