@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_config, tiny_model
@@ -147,3 +148,24 @@ def test_profile_oag_credits_each_idle_gap_to_the_launch_that_ended_it():
     credit = tool.credited_gaps(gaps, [(2, "a"), (25, "b"), (90, "c"), (105, "d")])
     assert credit == {"b": 8, "c": 60}
     assert tool.credited_gaps([(0, 1)], [(5, "late")]) == {"(before the first host operation)": 1}
+
+
+def test_corner_crops_cut_the_corners_named_and_sorted_and_refuse_an_existing_folder(tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "holdout"
+    src.mkdir()
+    tall = np.zeros((40, 24, 3), np.uint8)
+    tall[-1, -1] = 200  # the bottom-right pixel
+    Image.fromarray(tall).save(src / "hq__Urban100__img_002.png")
+    Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(src / "hq__Urban100__img_001.png")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(src / "hq__Urban100__img_003.png")  # smaller than a crop
+    Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(src / "hq__Set14__face.png")  # not --match
+    run = [sys.executable, str(TOOLS / "corner_crops.py"), src, tmp_path / "out", "--size", "16", "--count", "5"]
+    r = subprocess.run(run, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["img_001_tl.png", "img_001_tr.png", "img_002_bl.png", "img_002_br.png", "img_002_tl.png"]
+    br = np.asarray(Image.open(tmp_path / "out" / "img_002_br.png"))
+    assert br.shape == (16, 16, 3) and br[-1, -1, 0] == 200 and br[:-1].max() == 0
+    assert subprocess.run(run, capture_output=True).returncode != 0  # the folder exists now
