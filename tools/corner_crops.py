@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Corner crops of photographs, as the held-out `h32` set of issue 19's reports was cut.
 
+The names are those of docs/results.md's rows with "plain 27.11 dB" (heavy camera noise; `benchmarks/adapt.py`
+seeds each crop's noise by its name): on 2026-12-08 these crops gave plain 27.11 and OAG 30.03 dB on an NVIDIA
+H100, that table's machine-4 row to the digit. Some later reports cut the same corners under other names, so
+their noise, and their PSNR, differ.
+
 From each photograph of SRC (PNG) whose name holds --match (default: Urban100's, in the held-out split of
 tools/build_training_set.py), the top-left and top-right SIZE x SIZE corners, and the bottom ones where the
 photograph is at least 2 x SIZE high; named `<photograph>_<tl|tr|bl|br>.png` (the photograph's name after the

@@ -17,7 +17,8 @@ as when other processes share the GPU; the eigensolver's calls and the out-of-me
     python tools/profile_oag.py --data DIR --crop 512 --n 32 --device cuda --cap-gib 22 --passes 2
 
 Prepared 2026-12-07; its analysis was checked on a CPU (the convolutions standing in for the GPU's kernels,
---fake-device), not yet on a GPU.
+--fake-device), not yet on a GPU.  --cap-gib ran on an NVIDIA H100 on 2026-12-08
+(docs/reports/2026-12-08-oag-memory-cap-on-h100.md).
 """
 
 from __future__ import annotations
