@@ -131,6 +131,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-o", "--out", type=Path, required=True)
     a = ap.parse_args()
+    if not 0 < a.patch <= REGION:
+        ap.error(f"--patch must be between 1 and {REGION}")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     photos = sorted(a.hq.glob("*.png"))[a.skip :] + sorted(a.wall.glob("*.png"))[a.skip :]

@@ -55,8 +55,8 @@ class NoisePresenceNet(nn.Module):
         super().__init__()
         w = width
         self.width, self.context = w, context
-        # ``context`` dilated 3 x 3 layers at a quarter of the resolution (dilations 2, 4, ...) widen each
-        # logit's view from about 20 to 20 + 16 (2 + 4 + ...) pixels; 0 is the bundled detector's network
+        # ``context`` dilated 3 x 3 layers at a quarter of the resolution (dilations 2, 4, ...): one of dilation
+        # d reaches d map cells, 4 d pixels, farther to each side (context 2: 24); 0 is the bundled network
         wide = [
             m for k in range(context) for m in (nn.Conv2d(2 * w, 2 * w, 3, padding=2 << k, dilation=2 << k), nn.ReLU())
         ]
