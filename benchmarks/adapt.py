@@ -54,6 +54,8 @@ from indeed_cli.tasks.adaptation import (  # noqa: E402
     adapt_each,
     ag_image_result,
     default_group,
+    noise_map_blend,
+    oag_blend_weights,
     oag_readout,
 )
 from indeed_cli.tasks.adaptation.config import AG_DEFAULTS, with_defaults  # noqa: E402
@@ -177,6 +179,10 @@ def run_indeed(method: str, ck, data, opts, acfg: AdaptConfig, device: str, pixe
             readout = oag_readout(opts, ck_device(ck))
             if pixel_shuffle == 1:  # the group's results read out together (grouped f_thetaS on a GPU)
                 outs = denoise_each([res.checkpoint for res in results], [y for _, y, _ in chunk], readout)
+                for k, ((_, y, _), res) in enumerate(zip(chunk, results)):  # Eq. (noise-map blend), as the product
+                    w = oag_blend_weights(res, y)
+                    if w is not None:
+                        outs[k] = noise_map_blend(denoise(ck, y, readout), outs[k], w)
             else:
                 outs = [
                     denoise(res.checkpoint, y, readout, pixel_shuffle=pixel_shuffle)

@@ -15,6 +15,10 @@ noise is correlated between channels as real sRGB noise is) or white noise of si
 --patch P (patches and PolyU tiles of P x P), --halved (each --hq and --wall photograph also area-downscaled
 by 2) and --context N (N dilated layers in the network) were tried together with --mhc 0.5 and rejected
 (docs/reports/2026-12-08-wider-noise-detector.md); their defaults are the bundled recipe.
+--textures DIR adds texture photographs (each area-downscaled by 2) as sources; the bundled second detector
+(weights/noise/noise-presence-texture.safetensors, docs/reports/2026-12-08-noise-map-blend.md) is
+`--mhc 0.5 --textures ../shared/data/anomaly/dtd-subset --threshold 3 --map-temperature 4` (the last two only
+written into the metadata: the margin its score needs beside the first detector, and its blend's temperature).
 
     python tools/train_noise_presence.py --hq HQ/train --wall WALL/train --bsds ../shared/data/denoise-train/BSDS500 \\
         --polyu ../shared/data/denoise-real/PolyU100 -o weights/noise/noise-presence.safetensors
@@ -128,6 +132,16 @@ def main() -> None:
         action="store_true",
         help="also take each --hq and --wall photograph area-downscaled by 2: finer texture without noise",
     )
+    ap.add_argument(
+        "--textures",
+        type=Path,
+        help="a folder of texture photographs (searched recursively, .jpg/.png), each area-downscaled by 2 and "
+        "taken like the photographs: repeating fine structure, with and without noise",
+    )
+    ap.add_argument("--threshold", type=float, default=0.0, help="the score's margin, written into the metadata")
+    ap.add_argument(
+        "--map-temperature", type=float, default=1.0, help="Eq. (noise-map blend)'s T, written into the metadata"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-o", "--out", type=Path, required=True)
     a = ap.parse_args()
@@ -138,6 +152,11 @@ def main() -> None:
     photos = sorted(a.hq.glob("*.png"))[a.skip :] + sorted(a.wall.glob("*.png"))[a.skip :]
     bsds = sorted((a.bsds / "train").glob("*.jpg")) + sorted((a.bsds / "val").glob("*.jpg"))
     sources = [(p, False) for p in photos + bsds] + ([(p, True) for p in photos] if a.halved else [])
+    if a.textures is not None:  # halved: these are web photographs, whose own noise the downscale averages away
+        textures = sorted(p for p in a.textures.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+        if not textures:
+            ap.error(f"--textures: no .jpg or .png under {a.textures}")
+        sources += [(p, True) for p in textures]
     X1, y1, k1 = synthetic_pairs(sources, np.random.default_rng(0), a.mhc, a.patch)
     X2, y2, k2 = polyu_pairs(a.polyu, a.patch)
     # float16 storage of the patches, as the measured run had them
@@ -183,8 +202,10 @@ def main() -> None:
     from safetensors.torch import save_file
 
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"task": "noise-presence", "width": net.width, "context": net.context, "threshold": 0.0, "patches": n,
+    meta = {"task": "noise-presence", "width": net.width, "context": net.context, "patches": n,
+            "threshold": a.threshold, "map_temperature": a.map_temperature,
             "steps": a.steps, "patch": a.patch, "halved": a.halved, "mhc_share": a.mhc,
+            "textures": a.textures is not None,
             "held_back_accuracy": held_acc, "recipe": "tools/train_noise_presence.py"}  # fmt: skip
     save_file(
         {k: v.contiguous() for k, v in net.state_dict().items()}, str(a.out), metadata={"config": json.dumps(meta)}

@@ -143,7 +143,7 @@ def noise_found_in(quiet: list[Outcome]) -> tuple[int, int]:
         if o.record.get("channels") != 3 or is_stdio(str(o.source)) or not Path(o.source).is_file():
             continue
         try:
-            score = noise_presence_score(read_image(o.source).data, detector)
+            score = noise_presence_score(read_image(o.source).data)  # the bundled score: both detectors
         except Exception:  # unreadable now: this note is advice, not a result
             continue
         if score is not None:

@@ -27,6 +27,8 @@ from ..tasks.adaptation import (
     adapt_images,
     ag_image_result,
     default_group,
+    oag_decomposition,
+    oag_output,
     oag_readout,
 )
 from ..tasks.adaptation.config import AG_DEFAULTS, with_defaults
@@ -211,7 +213,10 @@ def _steps(
             )
         seconds = (time.perf_counter() - t0) / len(items)  # oag: amortised over the images adapted together
         for (src, img, files), res, n_together in zip(items, results, together):
-            yield _product(src, img, files, res, mode, cfg, readout, seconds, n_together, denoised_only, choice)
+            base = models.get(img.channels) if mode == "oag" else None  # Eq. (noise-map blend)'s plain read-out
+            yield _product(
+                src, img, files, res, mode, cfg, readout, seconds, n_together, denoised_only, choice, base
+            )  # fmt: skip
 
 
 def _max_score(scores: Sequence[float | None]) -> float | None:
@@ -246,17 +251,26 @@ def _product(
     together: int,
     denoised_only: bool,
     choice: ImageChoice | None = None,
+    base: Checkpoint | None = None,
 ) -> Product:
-    """``choice``: AG's per-image choice, whose output is ``res``'s (None: not made)."""
+    """``choice``: AG's per-image choice, whose output is ``res``'s (None: not made); ``base``: OAG's starting
+    checkpoint, whose read-out the recorrupted objective's is blended with (Eq. noise-map blend)."""
+    weights = None
     if choice is not None and denoised_only:
         dec, out, tiles = None, choice.output, choice.stats
         nbytes = out.nbytes
     elif denoised_only:
         dec = None
-        out, tiles = denoise_with_stats(res.checkpoint, img, opts)
+        if base is not None:
+            out, tiles, weights = oag_output(base, res, img, opts)
+        else:
+            out, tiles = denoise_with_stats(res.checkpoint, img, opts)
         nbytes = out.nbytes
     else:
-        dec = decompose(res.checkpoint, img, opts)
+        if base is not None:
+            dec, weights = oag_decomposition(base, res, img, opts)
+        else:
+            dec = decompose(res.checkpoint, img, opts)
         out, tiles = dec.maps["L"] + dec.maps["S"], dec.tiles
         nbytes = out.nbytes + sum(v.nbytes for v in dec.maps.values())
     ran = bool(res.history)  # False: --decide ood left the image alone (no evaluation to report)
@@ -279,6 +293,9 @@ def _product(
         # Eq. (noise presence): the detector's score (above 0: noise found; "stop": "no noise found" where it
         # found none and the image kept the plain result); None where it was not asked or for gray images
         "noise_score": _max_score(res.noise_scores or []),
+        # Eq. (noise-map blend): the mean weight of the recorrupted objective's output against the plain one
+        # (1: all of it); None where the output was not blended (ELBO, not adapted, gray, AG)
+        "blend_weight": None if weights is None else round(float(weights.mean()), 3),
         "best_step": res.best_step,
         "stop": res.stop,
         # OAG: the ELBO's first change over its starting residual, which --first-change-ratio is compared with

@@ -15,6 +15,14 @@ The network reads two frequency bands of Y (Y − box₃(Y) and box₃(Y) − bo
 and gives a logit per 4 × 4 pixels; an image's score is the mean of that map (Eq. noise presence):
 above 0 the detector finds noise, at or below 0 it does not.  0 is the logit's own boundary (the
 training loss's), not a value fitted to a set.  Colour images only; gray images get no score.
+
+A second bundled detector, trained with channel-correlated (Malvar-He-Cutler) camera noise and texture
+photographs among its examples (``tools/train_noise_presence.py --mhc 0.5 --textures``), sees the light
+channel-correlated noise the first misses.  The bundled score is max(s, s_tex − t_tex), t_tex = 3 from its
+file's metadata: noise is found where either finds it, the second only with that margin, at which its
+false alarms on development crops without noise were the first's (docs/reports/2026-12-08-noise-map-blend.md).
+Its logit map also weighs InDeedOAG's recorrupted output against the plain one per pixel (Eq. noise-map
+blend, :func:`noise_weight_map`).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from ..inference.tiling import host_to_device
 from ..model.registry import weights_dir
 
 NOISE_PRESENCE_FILE = "noise/noise-presence.safetensors"  # under the bundled weights folder
+NOISE_TEXTURE_FILE = "noise/noise-presence-texture.safetensors"  # the second detector (module doc)
 # images up to this many pixels are scored whole; larger ones on a grid of tiles of NOISE_TILE pixels,
 # at most NOISE_TILES of them, so that a 24-megapixel photograph does not hold 32 full-size feature maps
 NOISE_WHOLE_PIXELS = 1024 * 1024
@@ -87,6 +96,10 @@ def noise_presence_path() -> Path:
     return weights_dir() / NOISE_PRESENCE_FILE
 
 
+def noise_texture_path() -> Path:
+    return weights_dir() / NOISE_TEXTURE_FILE
+
+
 def load_noise_detector(device: torch.device | str = "cpu", path: Path | None = None) -> NoisePresenceNet | None:
     """The bundled detector on ``device`` (loaded once per device), or None where its file is missing
     (then no image is refused: adaptation runs as it did without it)."""
@@ -103,8 +116,17 @@ def load_noise_detector(device: torch.device | str = "cpu", path: Path | None = 
                 meta = json.loads((f.metadata() or {}).get("config", "{}"))
             net = NoisePresenceNet(int(meta.get("width", 32)), int(meta.get("context", 0)))
             net.load_state_dict(load_file(str(path)))
+            # the margin its score needs in the bundled pair, and the temperature of its blend weights
+            net.threshold = float(meta.get("threshold", NOISE_THRESHOLD))
+            net.temperature = float(meta.get("map_temperature", 1.0))
             _DETECTORS[key] = net.eval().requires_grad_(False).to(device)
     return _DETECTORS[key]
+
+
+def load_texture_detector(device: torch.device | str = "cpu") -> NoisePresenceNet | None:
+    """The bundled second detector (module doc) on ``device``, or None where its file is missing (then the
+    bundled score is the first detector's and OAG's output is not blended)."""
+    return load_noise_detector(device, noise_texture_path())
 
 
 def _tiles(image: torch.Tensor) -> list[torch.Tensor]:
@@ -130,14 +152,26 @@ def noise_presence_score(
 def noise_presence_scores(
     images: list, detector: NoisePresenceNet | None = None, device: torch.device | str = "cpu"
 ) -> list[float | None]:
-    """:func:`noise_presence_score` of each image, the tiles of one shape scored together, at most
-    NOISE_BATCH_PIXELS pixels per call (NOISE_BATCH_PIXELS_CPU on a CPU), and the scores brought to the host
-    once: scored one by one, each score waited for the device before the next image was sent (an OAG group
-    of 32 on a GPU)."""
-    out: list[float | None] = [None] * len(images)
+    """:func:`noise_presence_score` of each image: with ``detector``, its mean logit; without, the bundled
+    score max(s, s_tex − t_tex) of the module doc (the first detector's alone where the second is missing).
+    The tiles of one shape are scored together, at most NOISE_BATCH_PIXELS pixels per call
+    (NOISE_BATCH_PIXELS_CPU on a CPU), and the scores brought to the host once: scored one by one, each score
+    waited for the device before the next image was sent (an OAG group of 32 on a GPU)."""
     net = detector if detector is not None else load_noise_detector(device)
     if net is None:
-        return out
+        return [None] * len(images)
+    scores = _mean_logits(images, net)
+    texture = load_texture_detector(next(net.parameters()).device) if detector is None else None
+    if texture is not None:
+        second = _mean_logits(images, texture)
+        scores = [None if a is None else max(a, b - texture.threshold) for a, b in zip(scores, second)]
+    return scores
+
+
+def _mean_logits(images: list, net: NoisePresenceNet) -> list[float | None]:
+    """Each image's mean logit under ``net`` (None for a gray or too small image), as
+    :func:`noise_presence_scores` batches them."""
+    out: list[float | None] = [None] * len(images)
     dev = next(net.parameters()).device
     tiles: list[tuple[int, torch.Tensor]] = []  # (image, tile)
     for i, image in enumerate(images):
@@ -172,3 +206,36 @@ def noise_presence_scores(
 def noise_found(score: float | None) -> bool:
     """Whether an image with this score may be adapted: noise found, or no score to go by."""
     return score is None or score > NOISE_THRESHOLD
+
+
+# Eq. (noise-map blend): images scored whole up to this many pixels; larger ones in tiles of NOISE_MAP_TILE
+# pixels read with NOISE_MAP_MARGIN more on each side (the network's view is under 32 pixels), both multiples
+# of 4 so that every tile's 4 x 4 cells are the whole image's
+NOISE_MAP_TILE = 1024
+NOISE_MAP_MARGIN = 32
+
+
+def noise_weight_map(image, detector: NoisePresenceNet | None = None) -> np.ndarray | None:
+    """Eq. (noise-map blend): the weights w = sigmoid(l / T) of a (3, h, w) image in [0, 1], (h, w) float32, l the
+    logit map of ``detector`` (default: the bundled second detector; T its file's ``map_temperature``)
+    bilinearly upsampled from its 4 x 4 cells (edge rows and columns that do not fill a cell repeat the last).
+    None for a gray image, an image under 16 pixels a side, or without the detector's weights."""
+    net = detector if detector is not None else load_texture_detector("cpu")
+    x = torch.as_tensor(np.asarray(image, dtype=np.float32) if not torch.is_tensor(image) else image).float()
+    if net is None or x.dim() != 3 or x.shape[0] != 3 or min(x.shape[1:]) < 16:
+        return None
+    dev = next(net.parameters()).device
+    _, h, w = x.shape
+    T, m = NOISE_MAP_TILE, NOISE_MAP_MARGIN
+    out = np.empty((h, w), np.float32)
+    with torch.no_grad():
+        for r in range(0, h, T):
+            for c in range(0, w, T):
+                r0, c0 = max(0, r - m), max(0, c - m)
+                region = x[:, r0 : min(h, r + T + m), c0 : min(w, c + T + m)]
+                logits = net.logit_map(region[None].to(dev)) / getattr(net, "temperature", 1.0)
+                up = F.interpolate(torch.sigmoid(logits), scale_factor=4, mode="bilinear", align_corners=False)
+                up = F.pad(up, (0, region.shape[2] - up.shape[3], 0, region.shape[1] - up.shape[2]), mode="replicate")
+                rh, cw = min(T, h - r), min(T, w - c)
+                out[r : r + rh, c : c + cw] = up[0, 0, r - r0 : r - r0 + rh, c - c0 : c - c0 + cw].cpu().numpy()
+    return out

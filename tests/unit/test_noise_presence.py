@@ -1,15 +1,25 @@
 """The noise-presence detector (tasks.noise_presence, Eq. noise presence) and OAG's use of it."""
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_model, write_png
+from safetensors.torch import save_file
 
+from indeed_cli.inference import InferenceOptions, decompose, denoise_with_stats
 from indeed_cli.model import Checkpoint
 from indeed_cli.tasks import noise_presence as npres
-from indeed_cli.tasks.adaptation import AdaptConfig
+from indeed_cli.tasks.adaptation import (
+    AdaptConfig,
+    AdaptResult,
+    choice,
+    noise_map_blend,
+    oag_decomposition,
+    oag_output,
+)
 from indeed_cli.tasks.adaptation.runner import adapt_each
 from indeed_cli.tasks.camera_noise import camera_pair
 
@@ -56,10 +66,6 @@ def test_bands_see_no_content_in_a_flat_image_and_the_map_is_a_quarter_size():
 
 
 def test_context_layers_widen_the_view_keep_the_map_size_and_load_from_the_metadata(tmp_path):
-    import json
-
-    from safetensors.torch import save_file
-
     torch.manual_seed(0)
     net = npres.NoisePresenceNet(8, context=2).eval()
     x = torch.rand(1, 3, 96, 96)
@@ -129,10 +135,6 @@ def test_oag_keeps_the_start_where_no_noise_is_found_and_adapts_otherwise(detect
 
 
 def test_the_adapt_cli_records_the_score_and_keeps_a_clean_picture_plain(run_cli, tmp_path, ckpt_paths, detector):
-    import json
-
-    from conftest import write_png
-
     d = tmp_path / "in"
     d.mkdir()
     write_png(d / "clean.png", (scene(64, 64).transpose(1, 2, 0) * 255).round().astype(np.uint8))
@@ -253,7 +255,7 @@ def test_ag_auto_scores_each_image_once(detector, monkeypatch):
 
     calls = []
     real = runner.noise_presence_scores
-    monkeypatch.setattr(runner, "noise_presence_scores", lambda ims, det: calls.extend(ims) or real(ims, det))
+    monkeypatch.setattr(runner, "noise_presence_scores", lambda ims, **kw: calls.extend(ims) or real(ims, **kw))
     clean, noisy = scene(64, 64), camera_pair(scene(64, 64, seed=2), "heavy", 4)[0]
     res = adapt(tiny_checkpoint(3), [clean, noisy], AdaptConfig(steps=1, eval_every=1, noise_check=True))
     assert len(calls) == 2  # two images, scored once
@@ -280,3 +282,79 @@ def test_scores_of_many_images_at_once_are_each_image_scored_alone(detector, mon
         alone = float(torch.stack([detector.logit_map(t[None]).mean() for t in tiles]).mean())
     assert together[5] == pytest.approx(alone, abs=1e-5)
     assert npres.noise_presence_scores(images[3:4], detector) == [None]
+
+
+def _save_detector(path: Path, net: "npres.NoisePresenceNet", **meta) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(net.state_dict(), str(path), metadata={"config": json.dumps({"width": net.width, **meta})})
+    return path
+
+
+def test_the_bundled_score_is_the_first_detectors_or_the_seconds_beyond_its_margin(tmp_path, monkeypatch):
+    first, second = npres.NoisePresenceNet(8).eval(), npres.NoisePresenceNet(8).eval()
+    torch.manual_seed(1)
+    for p in second.parameters():  # a different detector: different scores
+        p.data.normal_(0, 0.3)
+    _save_detector(tmp_path / npres.NOISE_PRESENCE_FILE, first)
+    monkeypatch.setenv("INDEED_WEIGHTS_DIR", str(tmp_path))
+    images = [scene(64, 80, s) for s in range(4)] + [np.zeros((1, 32, 32), np.float32)]
+    alone = npres.noise_presence_scores(images)  # without the second file: the first detector's mean logit
+    with torch.no_grad():
+        assert alone[:4] == pytest.approx([float(first(torch.tensor(im)[None])) for im in images[:4]], abs=1e-5)
+    assert alone[4] is None and npres.noise_weight_map(images[0]) is None
+    _save_detector(tmp_path / npres.NOISE_TEXTURE_FILE, second, threshold=3.0, map_temperature=4.0)
+    both = npres.noise_presence_scores(images)
+    with torch.no_grad():
+        s2 = [float(second(torch.tensor(im)[None])) for im in images[:4]]
+    assert both[:4] == pytest.approx([max(a, b - 3.0) for a, b in zip(alone[:4], s2)], abs=1e-5)
+    assert both[4] is None
+    # a detector given explicitly is scored alone
+    assert npres.noise_presence_scores(images[:4], first) == pytest.approx(alone[:4], abs=1e-6)
+
+
+def test_the_blend_weights_are_the_second_detectors_map_at_its_temperature_tiled_or_whole(monkeypatch):
+    net = npres.NoisePresenceNet(8).eval()
+    torch.manual_seed(2)
+    for p in net.parameters():
+        p.data.normal_(0, 0.3)
+    net.temperature = 4.0
+    image = scene(150, 170, 3)
+    whole = npres.noise_weight_map(image, net)
+    with torch.no_grad():  # 150 x 170: 37 x 42 cells, upsampled by 4 and the last rows and columns repeated
+        logits = net.logit_map(torch.tensor(image)[None]) / 4
+        up = torch.nn.functional.interpolate(torch.sigmoid(logits), scale_factor=4, mode="bilinear")[0, 0].numpy()
+    assert whole.shape == (150, 170) and whole.dtype == np.float32
+    np.testing.assert_allclose(whole[:148, :168], up, atol=1e-6)
+    np.testing.assert_array_equal(whole[148:, :168], np.repeat(up[-1:], 2, 0))
+    assert 0 <= whole.min() and whole.max() <= 1
+    monkeypatch.setattr(npres, "NOISE_MAP_TILE", 64)  # tiles with margins give the whole image's map
+    np.testing.assert_allclose(npres.noise_weight_map(image, net), whole, atol=1e-5)
+    assert npres.noise_weight_map(image[:1], net) is None
+
+
+def test_oag_blends_only_the_recorrupted_objectives_output_and_keeps_the_decomposition_whole(monkeypatch):
+    base = tiny_checkpoint()
+    moved = tiny_model(3, seed=5)  # stands in for adapted weights
+    adapted = Checkpoint(moved, moved.cfg, {}, {}, "tiny")
+    y = camera_pair(scene(64, 64, 4), "heavy", 0)[0]
+    w = np.linspace(0, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
+    monkeypatch.setattr(choice, "noise_weight_map", lambda image: w)
+    opts = InferenceOptions(precision="fp32")
+    plain, ours = denoise_with_stats(base, y, opts)[0], denoise_with_stats(adapted, y, opts)[0]
+    r2r = AdaptResult(adapted, best_step=3, objective="recorrupted")
+    out, _, weights = oag_output(base, r2r, y, opts)
+    assert weights is w
+    np.testing.assert_allclose(out, noise_map_blend(plain, ours, w), atol=1e-6)
+    np.testing.assert_allclose(out[..., 0, 0], plain[..., 0, 0], atol=1e-6)  # weight 0: the plain output
+    np.testing.assert_allclose(out[..., -1, -1], ours[..., -1, -1], atol=1e-6)  # weight 1: the adapted one
+    dec, _ = oag_decomposition(base, r2r, y, opts)
+    np.testing.assert_allclose(dec.maps["L"] + dec.maps["S"], out, atol=1e-5)
+    N = dec.in_scale(1.0)["N"]
+    np.testing.assert_allclose(dec.maps["L"] + dec.maps["S"] + N, y, atol=1e-5)
+    for elbo in (AdaptResult(adapted, best_step=3, objective="elbo"), AdaptResult(adapted, best_step=0)):
+        out, _, weights = oag_output(base, elbo, y, opts)
+        assert weights is None
+        np.testing.assert_allclose(out, ours, atol=1e-6)
+        np.testing.assert_allclose(
+            oag_decomposition(base, elbo, y, opts)[0].maps["S"], decompose(adapted, y, opts).maps["S"]
+        )

@@ -3,7 +3,17 @@ on out-of-distribution images with the unsupervised part of the ELBO, and, for c
 noise the ELBO leaves in place, with a recorrupted-to-recorrupted objective (:mod:`.recorrupted`;
 ``AdaptConfig.objective``)."""
 
-from .choice import ImageChoice, ag_image_result, change_ratio, choose_output, removed_over_noise
+from .choice import (
+    ImageChoice,
+    ag_image_result,
+    change_ratio,
+    choose_output,
+    noise_map_blend,
+    oag_blend_weights,
+    oag_decomposition,
+    oag_output,
+    removed_over_noise,
+)
 from .config import (
     AG_DECIDE,
     AG_IMAGE_NOISE_BOUND,
@@ -43,6 +53,10 @@ __all__ = [
     "ag_image_result",
     "change_ratio",
     "choose_output",
+    "noise_map_blend",
+    "oag_blend_weights",
+    "oag_decomposition",
+    "oag_output",
     "default_group",
     "default_precision",
     "lowrank_factors",

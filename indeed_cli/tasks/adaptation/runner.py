@@ -239,12 +239,12 @@ def adapt_each(
 
 
 def noise_presence(image_sets: list[list[np.ndarray]], device: torch.device) -> list[list[float | None] | None]:
-    """Per entry, the noise-presence score of each of its images (tasks.noise_presence; None for a gray
-    image), or None for every entry where the detector's weights are missing."""
-    detector = load_noise_detector(device)
-    if detector is None:
+    """Per entry, the bundled noise-presence score of each of its images (tasks.noise_presence: both detectors;
+    None for a gray image), or None for every entry where the detector's weights are missing."""
+    if load_noise_detector(device) is None:
         return [None] * len(image_sets)
-    flat = noise_presence_scores([im for images in image_sets for im in images], detector)  # one batch per shape
+    # one batch per shape
+    flat = noise_presence_scores([im for images in image_sets for im in images], device=device)
     found = iter(flat)
     return [[next(found) for _ in images] for images in image_sets]
 
