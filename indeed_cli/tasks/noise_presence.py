@@ -215,12 +215,14 @@ NOISE_MAP_TILE = 1024
 NOISE_MAP_MARGIN = 32
 
 
-def noise_weight_map(image, detector: NoisePresenceNet | None = None) -> np.ndarray | None:
+def noise_weight_map(
+    image, detector: NoisePresenceNet | None = None, device: torch.device | str = "cpu"
+) -> np.ndarray | None:
     """Eq. (noise-map blend): the weights w = sigmoid(l / T) of a (3, h, w) image in [0, 1], (h, w) float32, l the
-    logit map of ``detector`` (default: the bundled second detector; T its file's ``map_temperature``)
+    logit map of ``detector`` (default: the bundled second detector on ``device``; T its file's ``map_temperature``)
     bilinearly upsampled from its 4 x 4 cells (edge rows and columns that do not fill a cell repeat the last).
     None for a gray image, an image under 16 pixels a side, or without the detector's weights."""
-    net = detector if detector is not None else load_texture_detector("cpu")
+    net = detector if detector is not None else load_texture_detector(device)
     x = torch.as_tensor(np.asarray(image, dtype=np.float32) if not torch.is_tensor(image) else image).float()
     if net is None or x.dim() != 3 or x.shape[0] != 3 or min(x.shape[1:]) < 16:
         return None

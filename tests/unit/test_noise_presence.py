@@ -338,7 +338,7 @@ def test_oag_blends_only_the_recorrupted_objectives_output_and_keeps_the_decompo
     adapted = Checkpoint(moved, moved.cfg, {}, {}, "tiny")
     y = camera_pair(scene(64, 64, 4), "heavy", 0)[0]
     w = np.linspace(0, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
-    monkeypatch.setattr(choice, "noise_weight_map", lambda image: w)
+    monkeypatch.setattr(choice, "noise_weight_map", lambda image, device: w)
     opts = InferenceOptions(precision="fp32")
     plain, ours = denoise_with_stats(base, y, opts)[0], denoise_with_stats(adapted, y, opts)[0]
     r2r = AdaptResult(adapted, best_step=3, objective="recorrupted")

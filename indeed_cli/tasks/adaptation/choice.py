@@ -137,7 +137,8 @@ def oag_blend_weights(result: AdaptResult, image) -> np.ndarray | None:
     kept whole: blending cut them by 0.2 dB on PolyU100), for a gray image, or without the detector."""
     if result.best_step <= 0 or result.objective != "recorrupted":
         return None
-    return noise_weight_map(image)
+    # on the device of the image's model: on a CPU the map of a 512 x 512 image took 0.13 s
+    return noise_weight_map(image, device=next(result.checkpoint.model.parameters()).device)
 
 
 def oag_output(
