@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..model import list_checkpoints
-from ..tasks.noise_presence import noise_presence_path
+from ..tasks.noise_presence import noise_presence_path, noise_texture_path
 
 
 def models_cmd(
@@ -45,6 +45,8 @@ def models_cmd(
     Console().print(table)
     if noise_presence_path().is_file():  # not a checkpoint --weights takes: a note, not a row
         typer.echo(f"Also bundled: {noise_presence_path()}, the noise-presence detector `indeed adapt` asks", err=True)
+    if noise_texture_path().is_file():
+        typer.echo(f"Also bundled: {noise_texture_path()}, its second detector (and OAG's blend weights)", err=True)
     typer.echo("Paths and training facts: indeed models --json", err=True)
 
 

@@ -246,6 +246,7 @@ def test_the_ood_line_says_when_the_detector_finds_no_noise_in_flagged_images(tm
 def test_models_names_the_bundled_detector(run_cli, detector):
     code, _, err = run_cli("models")
     assert code == 0 and "Also bundled:" in err and "noise-presence.safetensors" in err
+    assert "noise-presence-texture.safetensors" in err
 
 
 def test_ag_auto_scores_each_image_once(detector, monkeypatch):
