@@ -60,10 +60,13 @@ def _box(x: torch.Tensor, k: int) -> torch.Tensor:
 class NoisePresenceNet(nn.Module):
     """Eq. (noise presence): a map of noise logits, one per 4 × 4 pixels, from two bands of a colour image."""
 
-    def __init__(self, width: int = 32, context: int = 0):
+    def __init__(self, width: int = 32, context: int = 0, threshold: float = 0.0, temperature: float = 1.0):
         super().__init__()
         w = width
         self.width, self.context = w, context
+        # from the file's metadata: the margin its score needs in the bundled pair (module doc), and the
+        # temperature of its blend weights (Eq. noise-map blend)
+        self.threshold, self.temperature = threshold, temperature
         # ``context`` dilated 3 x 3 layers at a quarter of the resolution (dilations 2, 4, ...): one of dilation
         # d reaches d map cells, 4 d pixels, farther to each side (context 2: 24); 0 is the bundled network
         wide = [
@@ -114,11 +117,13 @@ def load_noise_detector(device: torch.device | str = "cpu", path: Path | None = 
         else:
             with safe_open(str(path), "pt") as f:
                 meta = json.loads((f.metadata() or {}).get("config", "{}"))
-            net = NoisePresenceNet(int(meta.get("width", 32)), int(meta.get("context", 0)))
+            net = NoisePresenceNet(
+                int(meta.get("width", 32)),
+                int(meta.get("context", 0)),
+                float(meta.get("threshold", NOISE_THRESHOLD)),
+                float(meta.get("map_temperature", 1.0)),
+            )
             net.load_state_dict(load_file(str(path)))
-            # the margin its score needs in the bundled pair, and the temperature of its blend weights
-            net.threshold = float(meta.get("threshold", NOISE_THRESHOLD))
-            net.temperature = float(meta.get("map_temperature", 1.0))
             _DETECTORS[key] = net.eval().requires_grad_(False).to(device)
     return _DETECTORS[key]
 
@@ -160,19 +165,18 @@ def noise_presence_scores(
     net = detector if detector is not None else load_noise_detector(device)
     if net is None:
         return [None] * len(images)
-    scores = _mean_logits(images, net)
     texture = load_texture_detector(next(net.parameters()).device) if detector is None else None
-    if texture is not None:
-        second = _mean_logits(images, texture)
-        scores = [None if a is None else max(a, b - texture.threshold) for a, b in zip(scores, second)]
-    return scores
+    if texture is None:
+        return _mean_logits(images, [net])[0]
+    scores, second = _mean_logits(images, [net, texture])  # each batch sent to the device once for both
+    return [None if a is None else max(a, b - texture.threshold) for a, b in zip(scores, second)]
 
 
-def _mean_logits(images: list, net: NoisePresenceNet) -> list[float | None]:
-    """Each image's mean logit under ``net`` (None for a gray or too small image), as
+def _mean_logits(images: list, nets: list[NoisePresenceNet]) -> list[list[float | None]]:
+    """Per net of ``nets`` (on one device), each image's mean logit (None for a gray or too small image), as
     :func:`noise_presence_scores` batches them."""
-    out: list[float | None] = [None] * len(images)
-    dev = next(net.parameters()).device
+    out: list[list[float | None]] = [[None] * len(images) for _ in nets]
+    dev = next(nets[0].parameters()).device
     tiles: list[tuple[int, torch.Tensor]] = []  # (image, tile)
     for i, image in enumerate(images):
         x = torch.as_tensor(np.asarray(image, dtype=np.float32) if not torch.is_tensor(image) else image)
@@ -191,15 +195,16 @@ def _mean_logits(images: list, net: NoisePresenceNet) -> list[float | None]:
                 run = members[c : c + step]
                 batch = torch.stack([tiles[k][1].to(tiles[run[0]][1].device) for k in run]).float()
                 batch = host_to_device(batch, dev) if batch.device.type == "cpu" else batch.to(dev)
-                for k, m in zip(run, net.logit_map(batch).mean((1, 2, 3))):
-                    means[k] = m
+                for k, m in zip(run, torch.stack([net.logit_map(batch).mean((1, 2, 3)) for net in nets], 1)):
+                    means[k] = m  # (len(nets),)
         of_image: dict[int, list[int]] = {}  # each scored image's tiles
         for k, (i, _) in enumerate(tiles):
             of_image.setdefault(i, []).append(k)
         scored = sorted(of_image)
-        per_image = torch.stack([torch.stack([means[k] for k in of_image[i]]).mean() for i in scored])
-    for i, v in zip(scored, per_image.tolist()):
-        out[i] = v
+        per_image = torch.stack([torch.stack([means[k] for k in of_image[i]]).mean(0) for i in scored])
+    for i, row in zip(scored, per_image.tolist()):
+        for j, v in enumerate(row):
+            out[j][i] = v
     return out
 
 
@@ -235,7 +240,7 @@ def noise_weight_map(
             for c in range(0, w, T):
                 r0, c0 = max(0, r - m), max(0, c - m)
                 region = x[:, r0 : min(h, r + T + m), c0 : min(w, c + T + m)]
-                logits = net.logit_map(region[None].to(dev)) / getattr(net, "temperature", 1.0)
+                logits = net.logit_map(region[None].to(dev)) / net.temperature
                 up = F.interpolate(torch.sigmoid(logits), scale_factor=4, mode="bilinear", align_corners=False)
                 up = F.pad(up, (0, region.shape[2] - up.shape[3], 0, region.shape[1] - up.shape[2]), mode="replicate")
                 rh, cw = min(T, h - r), min(T, w - c)
